@@ -1,0 +1,1 @@
+"""The ``dispatch`` command line: one module per subcommand group (see :mod:`.main`)."""

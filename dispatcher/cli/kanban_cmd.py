@@ -1,0 +1,21 @@
+"""`dispatch kanban`: Kanban board: add, list, show, tick, complete, block, ..."""
+
+from __future__ import annotations
+
+import argparse
+
+from dispatcher.cli.context import Context
+from dispatcher.cli.parser import add_group
+from scope.errors import DispatchError
+
+
+def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the `kanban` group."""
+    parser = add_group(subparsers, "kanban", common, help="Kanban board: add, list, show, tick, complete, block, ...")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, ctx: Context) -> int:
+    """Not built yet."""
+    raise DispatchError("'dispatch kanban' is not available in this build yet")

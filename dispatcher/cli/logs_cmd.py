@@ -1,0 +1,21 @@
+"""`dispatch logs`: Print a session's output log (raw bytes)."""
+
+from __future__ import annotations
+
+import argparse
+
+from dispatcher.cli.context import Context
+from dispatcher.cli.parser import add_group
+from scope.errors import DispatchError
+
+
+def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the `logs` group."""
+    parser = add_group(subparsers, "logs", common, help="Print a session's output log (raw bytes).")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, ctx: Context) -> int:
+    """Not built yet."""
+    raise DispatchError("'dispatch logs' is not available in this build yet")

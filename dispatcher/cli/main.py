@@ -1,0 +1,104 @@
+"""Entry point of the ``dispatch`` command.
+
+Each subcommand group lives in its own module exposing ``register(subparsers, common)``; the
+handler a module installs with ``set_defaults(handler=...)`` receives ``(args, ctx)`` and returns
+the exit status. Errors derived from :class:`~scope.errors.DispatchError` become one line on
+stderr and their class's exit code; anything else is a bug and shows a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from dispatcher import __version__
+from dispatcher.cli.context import Context
+from dispatcher.cli.parser import Parser, global_options
+from scope.errors import DispatchError
+
+GROUPS = (
+    "serve",
+    "status",
+    "doctor",
+    "config",
+    "run",
+    "ps",
+    "logs",
+    "kill",
+    "wait",
+    "events",
+    "cron",
+    "kanban",
+)
+"""Subcommand groups in help order; each is the module ``dispatcher.cli.<name>``."""
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_RESTART = 75
+
+
+def build_parser() -> Parser:
+    """The full argument parser."""
+    common = global_options()
+    parser = Parser(
+        prog="dispatch",
+        description="Kanban/cron worker dispatcher with restart-safe systemd scoping.",
+        parents=[common],
+        epilog="Exit codes: 0 ok, 1 failed/unhealthy, 2 usage or config error, "
+        "75 serve asks for a restart. Docs: docs/ in the source tree.",
+    )
+    parser.add_argument("--version", action="version", version=f"dispatch {__version__}")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    subs.required = True
+    for name in GROUPS:
+        module = importlib.import_module(f"dispatcher.cli.{name}_cmd")
+        module.register(subs, common)
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """Run the CLI; returns the exit status (the console script exits with it)."""
+    environ = os.environ if environ is None else environ
+    ctx: Context | None = None
+    try:
+        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        ctx = Context(args, environ)
+        status = args.handler(args, ctx)
+        return int(status or 0)
+    except DispatchError as err:
+        print(f"dispatch: error: {err.message}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("dispatch: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # stdout closed early (| head): not an error worth a traceback.
+        _silence_stdout()
+        return EXIT_FAILED
+    finally:
+        if ctx is not None:
+            ctx.close()
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except OSError:
+        pass
+
+
+def entry() -> None:
+    """Console-script entry: exit with :func:`main`'s status."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

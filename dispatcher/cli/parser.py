@@ -1,0 +1,66 @@
+"""argparse tuned to the CLI conventions: one-line usage errors with exit 2, global options
+accepted before or after the subcommand."""
+
+from __future__ import annotations
+
+import argparse
+from typing import NoReturn
+
+from scope.errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are :class:`UsageError` (one line, exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def global_options() -> argparse.ArgumentParser:
+    """The options every (sub)command accepts, in any position.
+
+    Defaults are suppressed so that a value given before the subcommand is not overwritten by
+    the subparser's default; :func:`main` fills in the real defaults afterwards."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("global options")
+    group.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="config file (env DISPATCH_CONFIG; default $XDG_CONFIG_HOME/dispatch/config.yaml)",
+    )
+    group.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="state directory (env DISPATCH_STATE_DIR; default $XDG_STATE_HOME/dispatch)",
+    )
+    group.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print one JSON document on stdout",
+    )
+    return common
+
+
+def add_group(
+    subparsers: argparse._SubParsersAction[Parser],
+    name: str,
+    common: argparse.ArgumentParser,
+    help: str,
+    description: str | None = None,
+) -> Parser:
+    """Add a subcommand that takes the global options."""
+    return subparsers.add_parser(
+        name, help=help, description=description or help, parents=[common]
+    )
+
+
+def add_subgroups(
+    parser: Parser, dest: str
+) -> argparse._SubParsersAction[Parser]:
+    """Sub-subcommands (``dispatch cron list``); one of them is required."""
+    subs = parser.add_subparsers(dest=dest, metavar="COMMAND", parser_class=Parser)
+    subs.required = True
+    return subs

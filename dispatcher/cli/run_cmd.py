@@ -1,0 +1,21 @@
+"""`dispatch run`: Start a command as a registry session (argv after --)."""
+
+from __future__ import annotations
+
+import argparse
+
+from dispatcher.cli.context import Context
+from dispatcher.cli.parser import add_group
+from scope.errors import DispatchError
+
+
+def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the `run` group."""
+    parser = add_group(subparsers, "run", common, help="Start a command as a registry session (argv after --).")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, ctx: Context) -> int:
+    """Not built yet."""
+    raise DispatchError("'dispatch run' is not available in this build yet")

@@ -1,0 +1,21 @@
+"""`dispatch status`: Show whether serve runs, placement, workers, cards and next cron fires."""
+
+from __future__ import annotations
+
+import argparse
+
+from dispatcher.cli.context import Context
+from dispatcher.cli.parser import add_group
+from scope.errors import DispatchError
+
+
+def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the `status` group."""
+    parser = add_group(subparsers, "status", common, help="Show whether serve runs, placement, workers, cards and next cron fires.")
+    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, ctx: Context) -> int:
+    """Not built yet."""
+    raise DispatchError("'dispatch status' is not available in this build yet")

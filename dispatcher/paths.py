@@ -1,0 +1,42 @@
+"""Where state lives: the state dir (database, logs, keeper files), resolved per call."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from registry.state import ensure_private_dir
+from scope.errors import UsageError
+
+
+def default_state_dir(environ: Mapping[str, str]) -> Path:
+    """``$XDG_STATE_HOME/dispatch``, else ``~/.local/state/dispatch``."""
+    base = environ.get("XDG_STATE_HOME", "")
+    if not base or not os.path.isabs(base):
+        base = str(Path(environ.get("HOME") or Path.home()) / ".local" / "state")
+    return Path(base) / "dispatch"
+
+
+def resolve_state_dir(explicit: str | None, environ: Mapping[str, str]) -> Path:
+    """``--state-dir``, else ``DISPATCH_STATE_DIR``, else the default; not created here."""
+    chosen = explicit or environ.get("DISPATCH_STATE_DIR") or None
+    if chosen:
+        return Path(chosen).expanduser().absolute()
+    return default_state_dir(environ)
+
+
+def prepare_state_dir(path: Path) -> Path:
+    """Create the state dir with mode 0700 (parents too); a clear error when it cannot be."""
+    try:
+        return ensure_private_dir(path)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError(
+            f"state dir {path} is not a directory",
+            remedy="pass --state-dir with a directory path",
+        ) from None
+    except PermissionError:
+        raise UsageError(
+            f"cannot create state dir {path}: permission denied",
+            remedy="pass --state-dir with a writable directory",
+        ) from None

@@ -1,0 +1,61 @@
+"""The ``registry:`` section of config.yaml."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scope.schema import Duration, Int, Size, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class RegistrySettings:
+    """Output capture, kill, retention and event limits for every launched process."""
+
+    tail_chars: int = setting(
+        200_000,
+        kind=Int(min=1000),
+        doc="Characters of recent output each session keeps in memory (the rest is in its log).",
+    )
+    max_log_bytes: int = setting(
+        256 * 1024**2,
+        kind=Size(min=4096),
+        doc="Per-session log cap: beyond it the head is kept and later output is counted and "
+        "dropped with a marker in the log.",
+    )
+    kill_grace: float = setting(
+        2.0,
+        kind=Duration(min=0),
+        doc="Seconds between SIGTERM and SIGKILL when killing a session.",
+    )
+    finished_ttl: float = setting(
+        7 * 86400.0,
+        kind=Duration(min=0),
+        doc="How long a finished session stays listed before pruning (from finished_at).",
+    )
+    log_retention: float = setting(
+        14 * 86400.0,
+        kind=Duration(min=0),
+        doc="Minimum age before the log of a session still referenced by kanban or cron "
+        "history may be deleted.",
+    )
+    max_sessions: int = setting(
+        10_000,
+        kind=Int(min=10),
+        doc="Cap on finished sessions kept; the oldest finished beyond it are pruned first.",
+    )
+    prune_interval: float = setting(
+        3600.0,
+        kind=Duration(min=1),
+        doc="How often a long-running process sweeps finished sessions.",
+    )
+    output_chars: int = setting(
+        2000,
+        kind=Int(min=0),
+        doc="Characters of output carried by completion events and wait/kill snapshots "
+        "(per-session override at spawn).",
+    )
+    max_pending_events: int = setting(
+        10_000,
+        kind=Int(min=10),
+        doc="Cap on stored events; the oldest acknowledged events are dropped first.",
+    )
