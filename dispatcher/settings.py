@@ -49,14 +49,16 @@ class CatchUpPolicy(enum.StrEnum):
 
 
 def _env_kind() -> MapOf:
-    return MapOf(Str(nonempty=False), ENV_NAME_PATTERN, "environment names are [A-Za-z_][A-Za-z0-9_]*")
+    return MapOf(
+        Str(nonempty=False), ENV_NAME_PATTERN, "environment names are [A-Za-z_][A-Za-z0-9_]*"
+    )
 
 
 def _check_command(command: str | tuple[str, ...], shell: bool) -> None:
     if isinstance(command, str) and not shell:
         raise Invalid(
             "a command string needs 'shell: true'; write the command as an argv list "
-            "(e.g. [\"backup\", \"--full\"]) or set shell: true",
+            '(e.g. ["backup", "--full"]) or set shell: true',
             ("command",),
         )
 
@@ -236,9 +238,7 @@ class KanbanSettings:
     )
     assignees: dict[str, Assignee] = setting(
         default_factory=dict,
-        kind=MapOf(
-            Record(Assignee), JOB_ID_PATTERN, "assignee names are [a-z0-9][a-z0-9_-]*"
-        ),
+        kind=MapOf(Record(Assignee), JOB_ID_PATTERN, "assignee names are [a-z0-9][a-z0-9_-]*"),
         doc="Worker definitions by assignee name.",
     )
 

@@ -412,7 +412,10 @@ class Record(Kind):
                     kwargs[name] = kind.convert(value[name])
                 except Invalid as err:
                     raise Invalid(err.problem, (name, *err.path)) from None
-            elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            elif (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            ):
                 raise Invalid(f"missing required key {name!r}")
         record = self.cls(**kwargs)
         check = getattr(record, "check", None)
@@ -508,6 +511,12 @@ def load_yaml(text: str, filename: str) -> Located:
     return Located(data, lines)
 
 
+_PLAIN_TAGS = frozenset(
+    f"tag:yaml.org,2002:{name}"
+    for name in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp", "merge")
+)
+
+
 def _build(
     node: yaml.Node,
     path: Path_,
@@ -516,6 +525,12 @@ def _build(
     filename: str,
 ) -> Any:
     lines.setdefault(path, node.start_mark.line + 1)
+    if node.tag not in _PLAIN_TAGS:
+        raise ConfigError(
+            f"unsupported YAML tag {node.tag!r}; plain values, lists and mappings only",
+            path=filename,
+            line=node.start_mark.line + 1,
+        )
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:

@@ -8,12 +8,12 @@ from pathlib import Path
 import yaml
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import add_group, add_subgroups
+from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.config import load_config
 from scope.errors import ConfigError
 
 
-def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the ``config`` group."""
     parser = add_group(subparsers, "config", common, help="Validate or show the configuration.")
     subs = add_subgroups(parser, "config_command")

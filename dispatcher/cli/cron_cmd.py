@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group
 from scope.errors import DispatchError
 
+HELP = "Cron jobs: list, next, run, history, pause, resume."
 
-def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+
+def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `cron` group."""
-    parser = add_group(subparsers, "cron", common, help="Cron jobs: list, next, run, history, pause, resume.")
+    parser = add_group(subparsers, "cron", common, help=HELP)
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
 

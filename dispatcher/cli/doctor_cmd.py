@@ -1,17 +1,21 @@
-"""`dispatch doctor`: Check the systemd user bus, manager and probe; explain placement and remedies."""
+"""`dispatch doctor`:
+
+Check the systemd user bus, manager and probe; explain placement and remedies."""
 
 from __future__ import annotations
 
 import argparse
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group
 from scope.errors import DispatchError
 
+HELP = "Check the systemd user bus, manager and probe; explain placement and remedies."
 
-def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+
+def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `doctor` group."""
-    parser = add_group(subparsers, "doctor", common, help="Check the systemd user bus, manager and probe; explain placement and remedies.")
+    parser = add_group(subparsers, "doctor", common, help=HELP)
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
 

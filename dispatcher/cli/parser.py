@@ -4,7 +4,7 @@ accepted before or after the subcommand."""
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from scope.errors import UsageError
 
@@ -16,12 +16,19 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def global_options() -> argparse.ArgumentParser:
+# The type of add_subparsers()'s result; only subscriptable for the type checker on 3.11.
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[Parser]
+else:
+    Subparsers = argparse._SubParsersAction
+
+
+def global_options() -> Parser:
     """The options every (sub)command accepts, in any position.
 
     Defaults are suppressed so that a value given before the subcommand is not overwritten by
     the subparser's default; :func:`main` fills in the real defaults afterwards."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     group = common.add_argument_group("global options")
     group.add_argument(
         "--config",
@@ -45,21 +52,17 @@ def global_options() -> argparse.ArgumentParser:
 
 
 def add_group(
-    subparsers: argparse._SubParsersAction[Parser],
+    subparsers: Subparsers,
     name: str,
-    common: argparse.ArgumentParser,
+    common: Parser,
     help: str,
     description: str | None = None,
 ) -> Parser:
     """Add a subcommand that takes the global options."""
-    return subparsers.add_parser(
-        name, help=help, description=description or help, parents=[common]
-    )
+    return subparsers.add_parser(name, help=help, description=description or help, parents=[common])
 
 
-def add_subgroups(
-    parser: Parser, dest: str
-) -> argparse._SubParsersAction[Parser]:
+def add_subgroups(parser: Parser, dest: str) -> argparse._SubParsersAction[Parser]:
     """Sub-subcommands (``dispatch cron list``); one of them is required."""
     subs = parser.add_subparsers(dest=dest, metavar="COMMAND", parser_class=Parser)
     subs.required = True

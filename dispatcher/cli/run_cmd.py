@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group
 from scope.errors import DispatchError
 
+HELP = "Start a command as a registry session (argv after --)."
 
-def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+
+def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `run` group."""
-    parser = add_group(subparsers, "run", common, help="Start a command as a registry session (argv after --).")
+    parser = add_group(subparsers, "run", common, help=HELP)
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
 

@@ -1,17 +1,21 @@
-"""`dispatch serve`: Run the gateway: cron scheduler, kanban dispatcher and registry in one process."""
+"""`dispatch serve`:
+
+Run the gateway: cron scheduler, kanban dispatcher and registry in one process."""
 
 from __future__ import annotations
 
 import argparse
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group
 from scope.errors import DispatchError
 
+HELP = "Run the gateway: cron scheduler, kanban dispatcher and registry in one process."
 
-def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+
+def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `serve` group."""
-    parser = add_group(subparsers, "serve", common, help="Run the gateway: cron scheduler, kanban dispatcher and registry in one process.")
+    parser = add_group(subparsers, "serve", common, help=HELP)
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
 

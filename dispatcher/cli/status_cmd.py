@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group
 from scope.errors import DispatchError
 
+HELP = "Show whether serve runs, placement, workers, cards and next cron fires."
 
-def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+
+def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `status` group."""
-    parser = add_group(subparsers, "status", common, help="Show whether serve runs, placement, workers, cards and next cron fires.")
+    parser = add_group(subparsers, "status", common, help=HELP)
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
 

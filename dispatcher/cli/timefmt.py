@@ -1,4 +1,4 @@
-"""Timestamps for output: ISO-8601, whole seconds, numeric offset (``2026-11-30T09:00:00+01:00``)."""
+"""Timestamps for output: ISO-8601, whole seconds, numeric offset (2026-11-30T09:00:00+01:00)."""
 
 from __future__ import annotations
 

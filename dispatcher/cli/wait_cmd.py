@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group
 from scope.errors import DispatchError
 
+HELP = "Wait for a session to finish; exit with its result."
 
-def register(subparsers: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+
+def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `wait` group."""
-    parser = add_group(subparsers, "wait", common, help="Wait for a session to finish; exit with its result.")
+    parser = add_group(subparsers, "wait", common, help=HELP)
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
 
