@@ -1,0 +1,151 @@
+"""The ``cron:`` section of config.yaml."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from dispatcher.commonsettings import JOB_ID_PATTERN, check_command, env_kind
+from scope.schema import (
+    Argv,
+    Bool,
+    Choice,
+    Duration,
+    Int,
+    Invalid,
+    ListOf,
+    Optional,
+    Record,
+    Str,
+    Zone,
+    setting,
+)
+
+
+class OverlapPolicy(enum.StrEnum):
+    """What a cron fire does while the job's previous run is still going."""
+
+    SKIP = "skip"
+    QUEUE_ONE = "queue_one"
+    REPLACE = "replace"
+    ALLOW = "allow"
+
+
+class CatchUpPolicy(enum.StrEnum):
+    """What happens to fires missed while nothing was running."""
+
+    LATEST = "latest"
+    SKIP = "skip"
+    ALL = "all"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CronJob:
+    """One entry of ``cron.jobs``."""
+
+    id: str = setting(
+        kind=Str(JOB_ID_PATTERN, "ids are lower-case letters, digits, '-' and '_'"),
+        doc="Unique job id ([a-z0-9][a-z0-9_-]*).",
+    )
+    schedule: str | None = setting(
+        None,
+        kind=Optional(Str()),
+        doc="Crontab expression (5 fields, Vixie/cronie semantics) or @hourly, @daily, @weekly, "
+        "@monthly, @yearly, @annually, @midnight. Exactly one of schedule and every.",
+    )
+    every: float | None = setting(
+        None,
+        kind=Optional(Duration(min=1)),
+        doc="Fixed interval (duration), anchored to the Unix epoch so fires are stable across "
+        "restarts. Exactly one of schedule and every.",
+    )
+    timezone: str | None = setting(
+        None, kind=Optional(Zone()), doc="IANA time zone of the schedule (default: the host's)."
+    )
+    command: str | tuple[str, ...] = setting(
+        kind=Argv(), doc="argv list to run; a single string only with shell: true."
+    )
+    shell: bool = setting(False, kind=Bool(), doc="Run a string command through /bin/sh -c.")
+    cwd: str | None = setting(
+        None, kind=Optional(Str()), doc="Working directory (default: the state dir)."
+    )
+    env: dict[str, str] = setting(
+        default_factory=dict, kind=env_kind(), doc="Extra environment variables."
+    )
+    env_file: str | None = setting(
+        None,
+        kind=Optional(Str()),
+        doc="File of NAME=value lines added to the environment; must be ours and mode 0600.",
+    )
+    timeout: float | None = setting(
+        None,
+        kind=Optional(Duration(min=1)),
+        doc="Kill the run after this long (outcome timed_out).",
+    )
+    jitter: float = setting(
+        0.0, kind=Duration(min=0), doc="Random delay up to this long before each fire (recorded)."
+    )
+    overlap: OverlapPolicy = setting(
+        OverlapPolicy.SKIP,
+        kind=Choice(OverlapPolicy),
+        doc="While the previous run is going: skip (record skipped_overlap), queue_one, "
+        "replace (kill it, record replaced) or allow.",
+    )
+    catch_up: CatchUpPolicy = setting(
+        CatchUpPolicy.LATEST,
+        kind=Choice(CatchUpPolicy),
+        doc="Fires missed during downtime: latest (run the most recent once), skip or all.",
+    )
+    catch_up_window: float = setting(
+        3600.0,
+        kind=Duration(min=0),
+        doc="Only missed fires this recent are caught up; older ones are recorded missed.",
+    )
+    catch_up_max: int = setting(
+        100, kind=Int(min=1), doc="At most this many missed fires run under catch_up: all."
+    )
+    enabled: bool = setting(True, kind=Bool(), doc="Disabled jobs never fire.")
+    pty: bool = setting(False, kind=Bool(), doc="Run the worker on a pseudo-terminal.")
+    on_failure: tuple[str, ...] | None = setting(
+        None,
+        kind=Optional(Argv()),
+        doc="argv run after a failed, timed-out or refused fire, with the fire's details in "
+        "DISPATCH_* environment variables.",
+    )
+
+    def check(self) -> None:
+        """Cross-key rules: exactly one of schedule/every; string commands need shell."""
+        if (self.schedule is None) == (self.every is None):
+            raise Invalid("give exactly one of 'schedule' and 'every'", ("schedule",))
+        check_command(self.command, self.shell)
+        if isinstance(self.on_failure, str):
+            raise Invalid("on_failure must be an argv list", ("on_failure",))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CronSettings:
+    """The ``cron:`` section."""
+
+    require_restart_safe_scope: bool = setting(
+        False,
+        kind=Bool(),
+        doc="Refuse (spawn_refused) instead of degrading when a cron worker cannot get a "
+        "restart-safe scope.",
+    )
+    max_concurrent: int = setting(
+        16, kind=Int(min=1), doc="Cap on cron workers running at once, host-wide."
+    )
+    jobs: tuple[CronJob, ...] = setting(
+        default_factory=tuple, kind=ListOf(Record(CronJob)), doc="The cron jobs."
+    )
+
+    def check(self) -> None:
+        """Job ids are unique."""
+        seen: dict[str, int] = {}
+        for index, job in enumerate(self.jobs):
+            if job.id in seen:
+                raise Invalid(
+                    f"duplicate job id {job.id!r} (also jobs[{seen[job.id]}])",
+                    ("jobs", index, "id"),
+                )
+            seen[job.id] = index

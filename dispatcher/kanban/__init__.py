@@ -1,0 +1,1 @@
+"""dispatcher/kanban: the board store, the dispatcher tick and the failure taxonomy."""

@@ -1,0 +1,86 @@
+"""The ``kanban:`` section of config.yaml."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dispatcher.commonsettings import JOB_ID_PATTERN, check_command, env_kind
+from scope.schema import (
+    Argv,
+    Bool,
+    Duration,
+    Int,
+    MapOf,
+    Optional,
+    Record,
+    Str,
+    setting,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assignee:
+    """One entry of ``kanban.assignees``: how a card's worker is started."""
+
+    command: str | tuple[str, ...] = setting(
+        kind=Argv(), doc="argv list of the worker; a single string only with shell: true."
+    )
+    shell: bool = setting(False, kind=Bool(), doc="Run a string command through /bin/sh -c.")
+    cwd: str | None = setting(
+        None, kind=Optional(Str()), doc="Working directory (default: the state dir)."
+    )
+    env: dict[str, str] = setting(
+        default_factory=dict, kind=env_kind(), doc="Extra environment variables."
+    )
+    env_file: str | None = setting(
+        None,
+        kind=Optional(Str()),
+        doc="File of NAME=value lines added to the environment; must be ours and mode 0600.",
+    )
+    max_in_progress: int | None = setting(
+        None, kind=Optional(Int(min=1)), doc="Cap on this assignee's running cards."
+    )
+    timeout: float | None = setting(
+        None,
+        kind=Optional(Duration(min=1)),
+        doc="Kill the worker after this long (outcome timed_out, counts as a failure).",
+    )
+    pty: bool = setting(False, kind=Bool(), doc="Run the worker on a pseudo-terminal.")
+
+    def check(self) -> None:
+        """String commands need shell."""
+        check_command(self.command, self.shell)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KanbanSettings:
+    """The ``kanban:`` section."""
+
+    degrade_without_scope: bool = setting(
+        False,
+        kind=Bool(),
+        doc="Start kanban workers unscoped (degraded: they die with the caller's unit) instead "
+        "of refusing when no restart-safe scope can be made.",
+    )
+    max_in_progress: int = setting(8, kind=Int(min=1), doc="Cap on running cards, all assignees.")
+    failure_limit: int = setting(
+        2,
+        kind=Int(min=1),
+        doc="Consecutive counted failures that block a card (breaker); per-card override.",
+    )
+    tempfail_limit: int = setting(
+        10, kind=Int(min=1), doc="Exit-75 retries in a row before the card is blocked (transient)."
+    )
+    transient_block: float = setting(
+        300.0, kind=Duration(min=0), doc="How long a transient block lasts before ready again."
+    )
+    infrastructure_cooldown: float = setting(
+        300.0,
+        kind=Duration(min=0),
+        doc="Spacing of retries after a spawn was refused for lack of a scope (0: every tick).",
+    )
+    assignees: dict[str, Assignee] = setting(
+        default_factory=dict,
+        kind=MapOf(Record(Assignee), JOB_ID_PATTERN, "assignee names are [a-z0-9][a-z0-9_-]*"),
+        doc="Worker definitions by assignee name.",
+    )
