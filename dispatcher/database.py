@@ -1,0 +1,24 @@
+"""Opening the state database with every package's tables.
+
+Each package that stores something exposes a :class:`~registry.state.Component`; this is the
+one place that lists them all, so every ``dispatch`` process migrates the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from registry.state import Component, StateDB
+
+
+def components() -> list[Component]:
+    """All components, lowest package first."""
+    found: list[Component] = []
+    # Later issues append their components here (registry sessions/events, cron ledger,
+    # kanban board).
+    return found
+
+
+def open_state(state_dir: Path) -> StateDB:
+    """Open (creating and migrating) ``state_dir/state.db``."""
+    return StateDB.in_dir(state_dir, components())
