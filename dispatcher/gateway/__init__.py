@@ -1,0 +1,1 @@
+"""dispatcher/gateway: ``dispatch serve`` — cron, kanban and the registry in one process."""
