@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.cli.main import GROUPS, main
+from dispatcher.cli.groups import GROUPS
+from dispatcher.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,11 +12,11 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from dispatcher.config import LoadedConfig, load_config, resolve_config_path
-from dispatcher.paths import prepare_state_dir, resolve_state_dir
-from dispatcher.settings import Settings
+if TYPE_CHECKING:
+    from dispatcher.config import LoadedConfig
+    from dispatcher.settings import Settings
 
 
 class Context:
@@ -39,11 +39,15 @@ class Context:
     @functools.cached_property
     def config_path(self) -> Path | None:
         """The config file in use (None: built-in defaults)."""
+        from dispatcher.config import resolve_config_path
+
         return resolve_config_path(getattr(self.args, "config", None), self.environ)
 
     @functools.cached_property
     def config(self) -> LoadedConfig:
         """The validated config."""
+        from dispatcher.config import load_config
+
         return load_config(self.config_path)
 
     @property
@@ -54,6 +58,8 @@ class Context:
     @functools.cached_property
     def state_dir(self) -> Path:
         """The state dir, created (0700) on first use."""
+        from dispatcher.paths import prepare_state_dir, resolve_state_dir
+
         return prepare_state_dir(
             resolve_state_dir(getattr(self.args, "state_dir", None), self.environ)
         )

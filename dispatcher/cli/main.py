@@ -15,24 +15,9 @@ from collections.abc import Mapping, Sequence
 
 from dispatcher import __version__
 from dispatcher.cli.context import Context
+from dispatcher.cli.groups import GROUPS, chosen_group
 from dispatcher.cli.parser import Parser, global_options
 from scope.errors import DispatchError
-
-GROUPS = (
-    "serve",
-    "status",
-    "doctor",
-    "config",
-    "run",
-    "ps",
-    "logs",
-    "kill",
-    "wait",
-    "events",
-    "cron",
-    "kanban",
-)
-"""Subcommand groups in help order; each is the module ``dispatcher.cli.<name>``."""
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -40,8 +25,12 @@ EXIT_USAGE = 2
 EXIT_RESTART = 75
 
 
-def build_parser() -> Parser:
-    """The full argument parser."""
+def build_parser(argv: Sequence[str] | None = None) -> Parser:
+    """The argument parser for ``argv``.
+
+    Only the group ``argv`` names is imported and registered in full; the others are one-line
+    placeholders, so start-up stays cheap and ``--help`` still lists every group. Without
+    ``argv`` every group is registered (for documentation and tests)."""
     common = global_options()
     parser = Parser(
         prog="dispatch",
@@ -53,9 +42,13 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"dispatch {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     subs.required = True
-    for name in GROUPS:
-        module = importlib.import_module(f"dispatcher.cli.{name}_cmd")
-        module.register(subs, common)
+    wanted = None if argv is None else chosen_group(list(argv))
+    for name, help_text in GROUPS.items():
+        if argv is None or name == wanted:
+            module = importlib.import_module(f"dispatcher.cli.{name}_cmd")
+            module.register(subs, common)
+        else:
+            subs.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
@@ -67,7 +60,8 @@ def main(
     environ = os.environ if environ is None else environ
     ctx: Context | None = None
     try:
-        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        arguments = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser(arguments).parse_args(arguments)
         ctx = Context(args, environ)
         status = args.handler(args, ctx)
         return int(status or 0)
