@@ -89,6 +89,10 @@ class Facts:
     """The (cached) probe verdict: a scope can be made now."""
     probe_detail: str = ""
     """Why the probe failed, for messages."""
+    user: str = ""
+    """The login name the manager runs for (for the ``loginctl enable-linger`` remedy)."""
+    uid: int | None = None
+    """The caller's uid (for the ``XDG_RUNTIME_DIR=/run/user/<uid>`` remedy)."""
 
 
 @dataclass(frozen=True, kw_only=True)

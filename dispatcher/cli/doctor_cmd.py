@@ -1,25 +1,71 @@
-"""`dispatch doctor`:
+"""`dispatch doctor`: check the systemd bus, manager and probe; explain placement and remedies.
 
-Check the systemd user bus, manager and probe; explain placement and remedies."""
+Exit 0 when scoped placement works, 1 otherwise; with ``--json`` the report (see
+:mod:`scope.doctor`) is printed either way.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from scope.errors import DispatchError
+from scope import open_scoper, policy_from
+from scope.doctor import diagnose, healthy
+from scope.systemd import SystemdScoper
 
 HELP = "Check the systemd user bus, manager and probe; explain placement and remedies."
 
+EXIT_OK = 0
+EXIT_UNHEALTHY = 1
+
 
 def register(subparsers: Subparsers, common: Parser) -> None:
-    """Add the `doctor` group."""
+    """Add the `doctor` command."""
     parser = add_group(subparsers, "doctor", common, help=HELP)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Not built yet."""
-    raise DispatchError("'dispatch doctor' is not available in this build yet")
+    """Probe afresh and report; see the module docstring for the exit status."""
+    settings = ctx.settings
+    policy = policy_from(
+        settings.cron.require_restart_safe_scope, settings.kanban.degrade_without_scope
+    )
+    scoper = open_scoper(settings.scope, policy, environ=ctx.environ)
+    ctx.on_close(scoper)
+    assert isinstance(scoper, SystemdScoper)
+    report = diagnose(scoper)
+    ok = healthy(report)
+    if ctx.json:
+        ctx.emit_json(report)
+    else:
+        _print(ctx, report, ok)
+    return EXIT_OK if ok else EXIT_UNHEALTHY
+
+
+def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
+    bus, manager, probe = report["bus"], report["manager"], report["probe"]
+    mark = {True: "ok", False: "FAIL"}
+    ctx.out(f"bus:       {mark[bool(bus['ok'])]}  {bus['path'] or '-'}")
+    if bus["detail"]:
+        ctx.out(f"           {bus['detail']}")
+    version = manager["version"] or "unknown version"
+    state = "reachable" if manager["reachable"] else "unreachable"
+    ctx.out(
+        f"manager:   {mark[bool(manager['reachable'])]}  {manager['kind']} manager {state}, "
+        f"systemd {version}"
+    )
+    via = f"via {probe['backend']}" if probe["backend"] else "no backend worked"
+    ctx.out(f"probe:     {mark[bool(probe['ok'])]}  {via}, {probe['elapsed_ms']:.1f} ms")
+    if probe["detail"]:
+        ctx.out(f"           {probe['detail']}")
+    ctx.out("placement:")
+    for key, value in report["placement"].items():
+        ctx.out(f"  {key:<15} {value}")
+    if report["remedies"]:
+        ctx.out("remedies:")
+        for remedy in report["remedies"]:
+            ctx.out(f"  - {remedy}")
+    ctx.out("healthy: scoped placement works" if ok else "unhealthy: no restart-safe scopes")
