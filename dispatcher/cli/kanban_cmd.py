@@ -1,23 +1,370 @@
-"""`dispatch kanban`: Kanban board: add, list, show, tick, complete, block, ..."""
+"""`dispatch kanban`: the board (add, list, show, edit, board), the dispatcher (tick, pause,
+resume), worker reports (complete, block, review) and operator overrides (unblock, move,
+archive).
+
+Bad input (an unknown assignee or card, a malformed id, a stale run id) exits 2 with one line
+and changes nothing. ``tick`` exits 0 even when spawns were refused: refusals are recorded on
+the board; only usage, config or store errors make it fail.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group
-from scope.errors import DispatchError
+from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
+from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
+from dispatcher.kanban.views import (
+    board_text,
+    card_json,
+    card_table,
+    show_json,
+    show_text,
+    tick_json,
+    tick_text,
+)
+from dispatcher.kanban.workspace import Workspace
+from scope.abc import CallerKind
+from scope.errors import UsageError
 
 HELP = "Kanban board: add, list, show, tick, complete, block, ..."
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `kanban` group."""
     parser = add_group(subparsers, "kanban", common, help=HELP)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    parser.set_defaults(handler=handle)
+    subs = add_subgroups(parser, "kanban_command")
+
+    def sub(name: str, help: str, handler: object) -> Parser:
+        command = subs.add_parser(name, help=help, description=help, parents=[common])
+        command.set_defaults(handler=handler)
+        return command
+
+    add = sub("add", "Add a card; prints its id.", handle_add)
+    add.add_argument("title", metavar="TITLE")
+    add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
+    _body_options(add)
+    add.add_argument("--priority", type=int, default=0, metavar="N", help="higher = sooner")
+    add.add_argument(
+        "--parent",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a card that must be done first (repeatable)",
+    )
+    add.add_argument("--idempotency-key", metavar="K", help="adding the same key again is a no-op")
+    add.add_argument("--failure-limit", type=int, metavar="N", help="override kanban.failure_limit")
+
+    ls = sub("list", "List cards (archived ones only with --all).", handle_list)
+    ls.add_argument("--status", choices=[s.value for s in CardStatus], metavar="S")
+    ls.add_argument("--assignee", metavar="A")
+    ls.add_argument("--all", action="store_true", help="include archived cards")
+
+    show = sub("show", "Show a card with its runs and events.", handle_show)
+    show.add_argument("id", metavar="ID")
+
+    edit = sub("edit", "Change a card's title, body, priority or assignee.", handle_edit)
+    edit.add_argument("id", metavar="ID")
+    edit.add_argument("--title")
+    _body_options(edit)
+    edit.add_argument("--priority", type=int, metavar="N")
+    edit.add_argument("--assignee", metavar="NAME")
+    edit.add_argument("--failure-limit", type=int, metavar="N")
+
+    tick = sub("tick", "Run one dispatcher pass (for a Type=oneshot unit or cron).", handle_tick)
+    tick.add_argument("--max", type=int, metavar="N", help="claim at most N cards")
+    tick.add_argument(
+        "--dry-run", action="store_true", help="show what would start; change nothing"
+    )
+
+    complete = sub("complete", "Worker: report the card done.", handle_complete)
+    _worker_options(complete)
+    complete.add_argument("--result", metavar="TEXT", help="a short result to store")
+
+    block = sub("block", "Worker: block the card.", handle_block)
+    _worker_options(block)
+    block.add_argument("--kind", required=True, choices=["needs_input", "transient"])
+    block.add_argument("--reason", required=True, metavar="TEXT")
+
+    review = sub("review", "Worker: hand the card to review.", handle_review)
+    _worker_options(review)
+
+    unblock = sub("unblock", "Unblock a card (resets its failure count).", handle_unblock)
+    unblock.add_argument("id", metavar="ID")
+
+    move = sub("move", "Operator override of a card's status.", handle_move)
+    move.add_argument("id", metavar="ID")
+    move.add_argument("status", metavar="STATUS", help="/".join(s.value for s in MOVE_TARGETS))
+
+    archive = sub("archive", "Archive a card (stops a running worker first).", handle_archive)
+    archive.add_argument("id", metavar="ID")
+
+    sub("board", "A compact view of the board by status.", handle_board)
+    sub("pause", "Stop claiming cards (stored; survives restarts).", handle_pause)
+    sub("resume", "Resume claiming cards.", handle_resume)
 
 
-def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Not built yet."""
-    raise DispatchError("'dispatch kanban' is not available in this build yet")
+def _body_options(parser: Parser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--body", metavar="TEXT")
+    group.add_argument("--body-file", metavar="F", help="read the body from F ('-': stdin)")
+
+
+def _worker_options(parser: Parser) -> None:
+    parser.add_argument("id", nargs="?", metavar="ID", help="the card (default: $DISPATCH_CARD_ID)")
+    parser.add_argument("--run", metavar="RUN", help="the run id (default: $DISPATCH_RUN_ID)")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _workspace(ctx: Context) -> Workspace:
+    workspace = Workspace(
+        ctx.settings,
+        ctx.state_dir,
+        environ=ctx.environ,
+        config_path=ctx.config_path,
+        caller=CallerKind.ONESHOT,
+    )
+    ctx.on_close(workspace)
+    return workspace
+
+
+def _read_body(args: argparse.Namespace) -> str | None:
+    if args.body is not None:
+        return str(args.body)
+    if args.body_file is None:
+        return None
+    try:
+        if args.body_file == "-":
+            raw = sys.stdin.buffer.read(MAX_BODY_BYTES + 1)
+        else:
+            with open(Path(args.body_file).expanduser(), "rb") as handle:
+                raw = handle.read(MAX_BODY_BYTES + 1)
+    except OSError as err:
+        raise UsageError(
+            f"--body-file {args.body_file}: {err.strerror}", remedy="give a readable file"
+        ) from None
+    if len(raw) > MAX_BODY_BYTES:
+        raise UsageError(f"--body-file {args.body_file}: larger than 16 MiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"--body-file {args.body_file}: not valid UTF-8") from None
+
+
+def _card_id(args: argparse.Namespace, ctx: Context) -> str:
+    card = args.id or ctx.environ.get("DISPATCH_CARD_ID")
+    if not card:
+        raise UsageError(
+            "no card id", remedy="pass ID or run inside a worker (DISPATCH_CARD_ID is set there)"
+        )
+    return str(card)
+
+
+def _run_id(args: argparse.Namespace, ctx: Context) -> str | None:
+    return args.run or ctx.environ.get("DISPATCH_RUN_ID") or None
+
+
+def _print_card(ctx: Context, card_id: str, card_doc: dict[str, object], line: str) -> None:
+    if ctx.json:
+        ctx.emit_json(card_doc)
+    else:
+        ctx.out(line)
+
+
+# -- operator commands ------------------------------------------------------------------------
+
+
+def handle_add(args: argparse.Namespace, ctx: Context) -> int:
+    """Add a card and print its id (an idempotent repeat prints the existing id)."""
+    body = _read_body(args) or ""
+    workspace = _workspace(ctx)
+    card, _created = workspace.board.add(
+        args.title,
+        assignee=args.assignee,
+        now=workspace.now(),
+        body=body,
+        priority=args.priority,
+        parents=args.parent,
+        idempotency_key=args.idempotency_key,
+        failure_limit=args.failure_limit,
+    )
+    if ctx.json:
+        ctx.emit_json({"id": card.id})
+    else:
+        ctx.out(card.id)
+    return 0
+
+
+def handle_list(args: argparse.Namespace, ctx: Context) -> int:
+    """List cards after reconciling finished runs."""
+    workspace = _workspace(ctx)
+    workspace.refresh()
+    cards = workspace.store.list_cards(
+        statuses=[CardStatus(args.status)] if args.status else None,
+        assignee=args.assignee,
+        include_archived=args.all,
+    )
+    if ctx.json:
+        ctx.emit_json([card_json(c) for c in cards])
+    else:
+        for line in card_table(cards):
+            ctx.out(line)
+    return 0
+
+
+def handle_show(args: argparse.Namespace, ctx: Context) -> int:
+    """One card with runs and events."""
+    workspace = _workspace(ctx)
+    card_id = workspace.store.resolve_card(args.id).id
+    workspace.refresh()
+    card = workspace.store.get_card(card_id)
+    runs = workspace.store.runs_of(card_id)
+    events = workspace.store.events_of(card_id)
+    if ctx.json:
+        ctx.emit_json(show_json(card, runs, events))
+    else:
+        for line in show_text(card, runs, events):
+            ctx.out(line)
+    return 0
+
+
+def handle_edit(args: argparse.Namespace, ctx: Context) -> int:
+    """Change fields of a card."""
+    edit = CardEdit(
+        title=args.title,
+        body=_read_body(args),
+        priority=args.priority,
+        assignee=args.assignee,
+        failure_limit=args.failure_limit,
+    )
+    if not edit.changed():
+        raise UsageError(
+            "nothing to change",
+            remedy="give --title, --body, --body-file, --priority, --assignee or --failure-limit",
+        )
+    workspace = _workspace(ctx)
+    card = workspace.board.edit(args.id, edit, now=workspace.now())
+    _print_card(ctx, card.id, card_json(card), f"{card.id} edited")
+    return 0
+
+
+def handle_unblock(args: argparse.Namespace, ctx: Context) -> int:
+    """Blocked → ready, counts reset."""
+    workspace = _workspace(ctx)
+    card = workspace.board.unblock(args.id, now=workspace.now())
+    _print_card(ctx, card.id, card_json(card), f"{card.id} {card.status.value}")
+    return 0
+
+
+def handle_move(args: argparse.Namespace, ctx: Context) -> int:
+    """Operator override of the status."""
+    workspace = _workspace(ctx)
+    card = workspace.board.move(args.id, args.status, now=workspace.now())
+    _print_card(ctx, card.id, card_json(card), f"{card.id} {card.status.value}")
+    return 0
+
+
+def handle_archive(args: argparse.Namespace, ctx: Context) -> int:
+    """Archive (stopping a running worker first)."""
+    workspace = _workspace(ctx)
+    card = workspace.board.archive(args.id, now=workspace.now())
+    _print_card(ctx, card.id, card_json(card), f"{card.id} archived")
+    return 0
+
+
+def handle_board(args: argparse.Namespace, ctx: Context) -> int:
+    """Cards grouped by status."""
+    workspace = _workspace(ctx)
+    workspace.refresh()
+    cards = workspace.store.list_cards()
+    paused = workspace.store.paused()
+    if ctx.json:
+        doc: dict[str, object] = {"paused": paused}
+        for status in CardStatus:
+            if status is not CardStatus.ARCHIVED:
+                doc[status.value] = [card_json(c) for c in cards if c.status is status]
+        ctx.emit_json(doc)
+    else:
+        for line in board_text(cards, paused=paused):
+            ctx.out(line)
+    return 0
+
+
+def handle_pause(args: argparse.Namespace, ctx: Context) -> int:
+    """Stop claiming."""
+    return _set_paused(ctx, True)
+
+
+def handle_resume(args: argparse.Namespace, ctx: Context) -> int:
+    """Resume claiming."""
+    return _set_paused(ctx, False)
+
+
+def _set_paused(ctx: Context, paused: bool) -> int:
+    workspace = _workspace(ctx)
+    changed = workspace.store.set_paused(paused)
+    if ctx.json:
+        ctx.emit_json({"paused": paused, "changed": changed})
+    else:
+        state = "paused" if paused else "resumed"
+        ctx.out(f"claiming {state}" + ("" if changed else " (already)"))
+    return 0
+
+
+# -- the dispatcher ---------------------------------------------------------------------------
+
+
+def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
+    """One dispatcher pass as a oneshot caller."""
+    if args.max is not None and args.max < 0:
+        raise UsageError(f"--max {args.max}: must not be negative")
+    workspace = _workspace(ctx)
+    report = workspace.dispatcher().tick(workspace.now(), max_claims=args.max, dry_run=args.dry_run)
+    for warning in report.warnings:
+        ctx.warn(f"warning: {warning}")
+    if ctx.json:
+        ctx.emit_json(tick_json(report))
+    else:
+        for line in tick_text(report):
+            ctx.out(line)
+    return 0
+
+
+# -- worker commands --------------------------------------------------------------------------
+
+
+def handle_complete(args: argparse.Namespace, ctx: Context) -> int:
+    """The worker's card is done."""
+    workspace = _workspace(ctx)
+    card = workspace.board.complete(
+        _card_id(args, ctx), _run_id(args, ctx), now=workspace.now(), result=args.result
+    )
+    _print_card(ctx, card.id, card_json(card), f"{card.id} done")
+    return 0
+
+
+def handle_block(args: argparse.Namespace, ctx: Context) -> int:
+    """The worker blocks its card."""
+    workspace = _workspace(ctx)
+    card = workspace.board.block(
+        _card_id(args, ctx),
+        _run_id(args, ctx),
+        kind=args.kind,
+        reason=args.reason,
+        now=workspace.now(),
+    )
+    _print_card(ctx, card.id, card_json(card), f"{card.id} blocked ({args.kind})")
+    return 0
+
+
+def handle_review(args: argparse.Namespace, ctx: Context) -> int:
+    """The worker hands its card to review."""
+    workspace = _workspace(ctx)
+    card = workspace.board.review(_card_id(args, ctx), _run_id(args, ctx), now=workspace.now())
+    _print_card(ctx, card.id, card_json(card), f"{card.id} in review")
+    return 0

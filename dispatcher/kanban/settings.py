@@ -79,6 +79,11 @@ class KanbanSettings:
         kind=Duration(min=0),
         doc="Spacing of retries after a spawn was refused for lack of a scope (0: every tick).",
     )
+    spawn_concurrency: int = setting(
+        4,
+        kind=Int(min=1, max=64),
+        doc="Workers one tick starts at the same time (each start waits for its keeper).",
+    )
     assignees: dict[str, Assignee] = setting(
         default_factory=dict,
         kind=MapOf(Record(Assignee), JOB_ID_PATTERN, "assignee names are [a-z0-9][a-z0-9_-]*"),

@@ -1,0 +1,234 @@
+"""The board store's contract: cards, runs and events, changed only by compare-and-set.
+
+Every method that changes something is one writer transaction: it re-reads what it depends on
+inside the transaction and changes nothing when the state moved underneath (a card that is no
+longer ``ready``, a run that is no longer open, a worker whose run is not the card's open run).
+That is what lets several ``dispatch`` processes (the gateway, a oneshot tick, operators, the
+workers themselves) share one board without a card ever getting two runs at once.
+
+Every change bumps :meth:`BoardStore.board_version`, a counter the gateway polls to learn
+cheaply that something happened (a card was added, became ready, a run closed).
+
+Implementations: :class:`dispatcher.kanban.store.SqliteBoardStore` (the state database). The
+interface leaves room for a PostgreSQL store later (``SELECT ... FOR UPDATE`` per method).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dispatcher.kanban.model import (
+    BlockKind,
+    Card,
+    CardChange,
+    CardEdit,
+    CardStatus,
+    Claimer,
+    Event,
+    EventKind,
+    Limits,
+    NewCard,
+    Run,
+    RunResult,
+)
+
+
+class ClaimVerdict(enum.StrEnum):
+    """Why :meth:`BoardStore.claim` did or did not open a run."""
+
+    CLAIMED = "claimed"
+    NOT_READY = "not_ready"
+    """The card is not ``ready`` any more, or already has an open run."""
+    PAUSED = "paused"
+    BACKOFF = "backoff"
+    COOLDOWN = "cooldown"
+    BUDGET = "budget"
+    """``kanban.max_in_progress`` reached."""
+    ASSIGNEE_BUDGET = "assignee_budget"
+    """The assignee's ``max_in_progress`` reached."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """The result of a claim attempt (``run`` is set exactly when ``verdict`` is CLAIMED)."""
+
+    verdict: ClaimVerdict
+    run: Run | None = None
+
+
+Decide = Callable[[Card, Run], CardChange]
+"""Computes a card's change from the card and run as they are inside the closing transaction."""
+
+
+class BoardStore(abc.ABC):
+    """Cards, runs and events (see the module docstring)."""
+
+    # -- cards -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def add_card(self, new: NewCard, *, now: float) -> tuple[Card, bool]:
+        """Store a card (``todo`` when a parent is not done, else ``ready``) with a ``created``
+        event. A repeated ``idempotency_key`` returns the existing card and ``False``; every
+        parent must exist (NotFoundError otherwise, nothing stored)."""
+
+    @abc.abstractmethod
+    def get_card(self, card_id: str) -> Card:
+        """The card with exactly this id (NotFoundError)."""
+
+    @abc.abstractmethod
+    def resolve_card(self, text: str) -> Card:
+        """The card whose id starts with ``text`` (``c_`` optional, at least 4 characters
+        after it). NotFoundError, AmbiguousId (lists candidates) or BadCard (malformed)."""
+
+    @abc.abstractmethod
+    def list_cards(
+        self,
+        *,
+        statuses: Sequence[CardStatus] | None = None,
+        assignee: str | None = None,
+        include_archived: bool = False,
+    ) -> list[Card]:
+        """Cards by priority (highest first), then age (oldest first)."""
+
+    @abc.abstractmethod
+    def edit_card(self, card_id: str, edit: CardEdit, *, now: float) -> Card:
+        """Change title, body, priority, assignee or failure limit (an ``edited`` event naming
+        the fields). Takes effect from the next run."""
+
+    # -- runs and events ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def get_run(self, run_id: str) -> Run:
+        """The run with exactly this id (NotFoundError)."""
+
+    @abc.abstractmethod
+    def resolve_run(self, text: str) -> Run:
+        """The run whose id starts with ``text`` (``r_`` optional; as :meth:`resolve_card`)."""
+
+    @abc.abstractmethod
+    def runs_of(self, card_id: str) -> list[Run]:
+        """The card's runs, oldest first."""
+
+    @abc.abstractmethod
+    def open_runs(self) -> list[Run]:
+        """Every run without an outcome (claimed, spawning or running)."""
+
+    @abc.abstractmethod
+    def events_of(self, card_id: str) -> list[Event]:
+        """The card's events in order."""
+
+    @abc.abstractmethod
+    def append_event(
+        self,
+        card_id: str,
+        kind: EventKind,
+        data: Mapping[str, Any],
+        *,
+        now: float,
+        run_id: str | None = None,
+        fields: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Append one event, optionally changing card ``fields`` in the same transaction."""
+
+    # -- the dispatcher's steps --------------------------------------------------------------
+
+    @abc.abstractmethod
+    def promote(self, *, now: float) -> list[tuple[str, EventKind]]:
+        """``todo`` cards whose parents are all done → ``ready`` (``promoted``); transient
+        blocks whose time is up → ``ready`` (``unblocked``). Returns (card id, event kind)."""
+
+    @abc.abstractmethod
+    def ready_cards(self) -> list[Card]:
+        """``ready`` cards without an open run, by priority then age (back-off and cooldown
+        are not filtered here; the dispatcher reports them)."""
+
+    @abc.abstractmethod
+    def claim(
+        self,
+        card_id: str,
+        *,
+        now: float,
+        claimer: Claimer,
+        limits: Limits,
+        ignore_cooldown: bool = False,
+    ) -> Claim:
+        """Compare-and-set ``ready`` → ``running`` and open a run, checking the pause flag,
+        back-off, cooldown and both budgets inside the same transaction (``claimed`` event)."""
+
+    @abc.abstractmethod
+    def record_spawn(
+        self,
+        run_id: str,
+        *,
+        session_id: str,
+        placement: str,
+        unit: str | None,
+        now: float,
+    ) -> bool:
+        """Record the run's session (``spawned`` event). False, changing nothing, when the run
+        was closed meanwhile (archived, reclaimed): the caller must then stop the session."""
+
+    @abc.abstractmethod
+    def close_run(
+        self, run_id: str, result: RunResult, decide: Decide, *, now: float
+    ) -> tuple[Run, Card] | None:
+        """Give an open run its outcome and apply ``decide(card, run)`` to the card, in one
+        transaction. None (nothing changed) when the run was already closed."""
+
+    # -- fenced worker commands --------------------------------------------------------------
+
+    @abc.abstractmethod
+    def worker_move(
+        self,
+        card_id: str,
+        run_id: str,
+        status: CardStatus,
+        *,
+        now: float,
+        block_kind: BlockKind | None = None,
+        blocked_until: float | None = None,
+        reason: str | None = None,
+        result: str | None = None,
+    ) -> Card:
+        """A worker moves its own ``running`` card to ``done``, ``blocked`` or ``review``.
+        StaleRun when ``run_id`` is not the card's open run; WrongStatus when the card is no
+        longer ``running``. Nothing changes in either case."""
+
+    # -- operator commands -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def unblock(self, card_id: str, *, now: float) -> Card:
+        """``blocked`` → ``ready`` (``todo`` while a parent is not done); resets the failure
+        and temporary-failure counts (``unblocked``). WrongStatus when not blocked."""
+
+    @abc.abstractmethod
+    def move(self, card_id: str, status: CardStatus, *, now: float) -> Card:
+        """Operator override among todo/ready/blocked/review/done for a card without an open
+        run (``moved``). WrongStatus when the card has an open run or the target is
+        ``running``/``archived``."""
+
+    @abc.abstractmethod
+    def archive(self, card_id: str, *, now: float) -> Card:
+        """Archive a card without an open run (``archived``). WrongStatus when it has one."""
+
+    # -- board-wide --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def paused(self) -> bool:
+        """Whether claiming is paused (stored; survives restarts)."""
+
+    @abc.abstractmethod
+    def set_paused(self, paused: bool) -> bool:
+        """Pause or resume claiming; True when that changed something."""
+
+    @abc.abstractmethod
+    def board_version(self) -> int:
+        """A counter bumped by every change (cheap to poll)."""
+
+    @abc.abstractmethod
+    def status_counts(self) -> dict[CardStatus, int]:
+        """How many cards are in each status."""

@@ -1,0 +1,90 @@
+"""Rows of the board tables as records, and the id scheme (``c_``/``r_`` + 10 hex digits)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from dispatcher.kanban.model import BlockKind, Card, CardStatus, Run, RunOutcome
+
+CARD_PREFIX = "c_"
+RUN_PREFIX = "r_"
+ID_HEX = 10
+MIN_PREFIX = 4
+HEX = re.compile(r"[0-9a-f]+")
+
+CARD_COLUMNS = (
+    "id, title, body, assignee, status, priority, created_at, updated_at, started_at, "
+    "completed_at, consecutive_failures, failure_limit, last_failure_error, block_kind, "
+    "blocked_until, current_run_id, idempotency_key, tempfail_count, retry_at, cooldown_until, "
+    "result, assignee_noted"
+)
+CARD_FIELDS = frozenset(c.strip() for c in CARD_COLUMNS.split(",")) - {"id"}
+
+
+def new_id(prefix: str) -> str:
+    """A fresh card (``c_``) or run (``r_``) id: the prefix and 10 hex digits."""
+    return prefix + secrets.token_hex(ID_HEX // 2)
+
+
+def card_of(row: sqlite3.Row, parents: Sequence[str]) -> Card:
+    """A card row (with its parent ids) as a record."""
+    return Card(
+        id=row["id"],
+        title=row["title"],
+        body=row["body"],
+        assignee=row["assignee"],
+        status=CardStatus(row["status"]),
+        priority=row["priority"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        started_at=row["started_at"],
+        completed_at=row["completed_at"],
+        consecutive_failures=row["consecutive_failures"],
+        failure_limit=row["failure_limit"],
+        last_failure_error=row["last_failure_error"],
+        block_kind=BlockKind(row["block_kind"]) if row["block_kind"] else None,
+        blocked_until=row["blocked_until"],
+        current_run_id=row["current_run_id"],
+        idempotency_key=row["idempotency_key"],
+        parents=tuple(parents),
+        tempfail_count=row["tempfail_count"],
+        retry_at=row["retry_at"],
+        cooldown_until=row["cooldown_until"],
+        result=row["result"],
+        assignee_noted=bool(row["assignee_noted"]),
+    )
+
+
+def run_of(row: sqlite3.Row) -> Run:
+    """A run row as a record."""
+    return Run(
+        run_id=row["run_id"],
+        card_id=row["card_id"],
+        attempt=row["attempt"],
+        claimed_at=row["claimed_at"],
+        outcome=RunOutcome(row["outcome"]) if row["outcome"] else None,
+        exit_code=row["exit_code"],
+        signal=row["signal"],
+        session_id=row["session_id"],
+        placement=row["placement"],
+        unit=row["unit"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        error=row["error"],
+        infrastructure=bool(row["infrastructure"]),
+        claimer_pid=row["claimer_pid"],
+        claimer_start=row["claimer_start"],
+    )
+
+
+def db_value(value: Any) -> Any:
+    """A record value as SQLite stores it (enums by value, booleans as 0/1)."""
+    if isinstance(value, CardStatus | BlockKind | RunOutcome):
+        return value.value
+    if isinstance(value, bool):
+        return int(value)
+    return value

@@ -1,0 +1,220 @@
+"""How cards, runs, events and tick reports look: JSON documents and terminal text.
+
+JSON follows the CLI conventions: ids are strings, timestamps ISO-8601 with a numeric offset
+and whole seconds, signals are names or null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dispatcher.cli.timefmt import iso, short
+from dispatcher.kanban.model import Card, CardStatus, Event, Run
+from dispatcher.kanban.report import TickReport
+
+BOARD_ORDER = (
+    CardStatus.TODO,
+    CardStatus.READY,
+    CardStatus.RUNNING,
+    CardStatus.BLOCKED,
+    CardStatus.REVIEW,
+    CardStatus.DONE,
+)
+DONE_SHOWN = 10
+"""The board view lists only the most recent done cards."""
+
+
+def card_json(card: Card) -> dict[str, Any]:
+    """A card as ``list``/``show`` print it."""
+    return {
+        "id": card.id,
+        "title": card.title,
+        "body": card.body,
+        "assignee": card.assignee,
+        "status": card.status.value,
+        "priority": card.priority,
+        "created_at": iso(card.created_at),
+        "updated_at": iso(card.updated_at),
+        "started_at": iso(card.started_at),
+        "completed_at": iso(card.completed_at),
+        "consecutive_failures": card.consecutive_failures,
+        "failure_limit": card.failure_limit,
+        "last_failure_error": card.last_failure_error,
+        "block_kind": card.block_kind.value if card.block_kind else None,
+        "blocked_until": iso(card.blocked_until),
+        "current_run_id": card.current_run_id,
+        "idempotency_key": card.idempotency_key,
+        "parents": list(card.parents),
+        "tempfail_count": card.tempfail_count,
+        "retry_at": iso(card.retry_at),
+        "cooldown_until": iso(card.cooldown_until),
+        "result": card.result,
+    }
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    """A run as ``show`` prints it."""
+    return {
+        "run_id": run.run_id,
+        "card_id": run.card_id,
+        "attempt": run.attempt,
+        "outcome": run.outcome.value if run.outcome else None,
+        "exit_code": run.exit_code,
+        "signal": run.signal,
+        "session_id": run.session_id,
+        "placement": run.placement,
+        "unit": run.unit,
+        "claimed_at": iso(run.claimed_at),
+        "started_at": iso(run.started_at),
+        "ended_at": iso(run.ended_at),
+        "error": run.error,
+        "infrastructure": run.infrastructure,
+    }
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """An event as ``show`` prints it."""
+    data = dict(event.data)
+    for key in ("until", "retry_at", "cooldown_until"):
+        if isinstance(data.get(key), int | float):
+            data[key] = iso(data[key])
+    return {
+        "id": str(event.seq),
+        "card_id": event.card_id,
+        "run_id": event.run_id,
+        "kind": event.kind,
+        "at": iso(event.at),
+        "data": data,
+    }
+
+
+def show_json(card: Card, runs: Sequence[Run], events: Sequence[Event]) -> dict[str, Any]:
+    """``show --json``: the card's fields plus ``runs`` and ``events``."""
+    doc = card_json(card)
+    doc["runs"] = [run_json(r) for r in runs]
+    doc["events"] = [event_json(e) for e in events]
+    return doc
+
+
+def tick_json(report: TickReport) -> dict[str, Any]:
+    """``tick --json``."""
+    return {"at": iso(report.now), **report.to_dict()}
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def card_table(cards: Sequence[Card]) -> list[str]:
+    """``list`` as aligned lines."""
+    lines = [f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'FAILS':>5}  TITLE"]
+    for card in cards:
+        status = card.status.value
+        if card.block_kind is not None:
+            status += f"({card.block_kind.value})"
+        lines.append(
+            f"{card.id:<12}  {status:<8}  {card.priority:>4}  {_cut(card.assignee, 12):<12}  "
+            f"{card.consecutive_failures:>5}  {_cut(card.title, 60)}"
+        )
+    return lines
+
+
+def show_text(card: Card, runs: Sequence[Run], events: Sequence[Event]) -> list[str]:
+    """``show`` as text: fields, runs, events."""
+    lines = [
+        f"card      {card.id}  {card.title}",
+        f"status    {card.status.value}"
+        + (f" ({card.block_kind.value})" if card.block_kind else "")
+        + (f" until {short(card.blocked_until)}" if card.blocked_until else ""),
+        f"assignee  {card.assignee}   priority {card.priority}   failures "
+        f"{card.consecutive_failures}"
+        + (f"/{card.failure_limit}" if card.failure_limit else "")
+        + f"   tempfails {card.tempfail_count}",
+        f"created   {short(card.created_at)}   started {short(card.started_at)}   completed "
+        f"{short(card.completed_at)}",
+    ]
+    if card.parents:
+        lines.append("parents   " + " ".join(card.parents))
+    if card.retry_at:
+        lines.append(f"retry at  {short(card.retry_at)}")
+    if card.cooldown_until:
+        lines.append(f"cooldown  until {short(card.cooldown_until)}")
+    if card.last_failure_error:
+        lines.append(f"error     {card.last_failure_error}")
+    if card.result:
+        lines.append(f"result    {card.result}")
+    if card.body:
+        lines.append("body")
+        lines += ["  " + line for line in card.body.splitlines()[:20]]
+    lines.append("runs")
+    for run in runs:
+        detail = run.outcome.value if run.outcome else "open"
+        if run.exit_code is not None:
+            detail += f" exit {run.exit_code}"
+        if run.signal:
+            detail += f" {run.signal}"
+        if run.infrastructure:
+            detail += " (infrastructure)"
+        lines.append(
+            f"  {run.run_id}  #{run.attempt}  {short(run.claimed_at)}  {detail:<24}  "
+            f"{run.session_id or '-'}  {run.placement or '-'}"
+        )
+    lines.append("events")
+    for event in events:
+        extra = ", ".join(f"{k}={v}" for k, v in event.data.items() if v is not None)
+        lines.append(f"  {short(event.at)}  {event.kind:<16}  {_cut(extra, 80)}")
+    return lines
+
+
+def board_text(cards: Sequence[Card], *, paused: bool) -> list[str]:
+    """A compact view by status (the newest done cards only)."""
+    lines = ["claiming is PAUSED ('dispatch kanban resume' to resume)"] if paused else []
+    for status in BOARD_ORDER:
+        group = [c for c in cards if c.status is status]
+        if status is CardStatus.DONE:
+            group = sorted(group, key=lambda c: c.completed_at or 0, reverse=True)
+        lines.append(f"{status.value.upper()} ({len(group)})")
+        shown = group[:DONE_SHOWN] if status is CardStatus.DONE else group
+        for card in shown:
+            note = ""
+            if card.block_kind:
+                note = f" [{card.block_kind.value}]"
+            elif status is CardStatus.BLOCKED:
+                note = " [breaker]"
+            lines.append(
+                f"  {card.id}  p{card.priority:<3} {_cut(card.assignee, 12):<12} "
+                f"{_cut(card.title, 56)}{note}"
+            )
+        if len(group) > len(shown):
+            lines.append(f"  ... {len(group) - len(shown)} more")
+    return lines
+
+
+def tick_text(report: TickReport) -> list[str]:
+    """``tick`` as text: one line per started or refused card, then a summary."""
+    lines = []
+    for item in report.dispatched:
+        unit = f" {item.unit}" if item.unit else ""
+        lines.append(
+            f"started {item.card_id} run {item.run_id}: {item.session_id} ({item.placement}{unit})"
+        )
+    for closed in report.refused:
+        lines.append(
+            f"refused {closed.card_id} run {closed.run_id}: {closed.outcome.value}: {closed.error}"
+        )
+    for card_id in report.planned:
+        lines.append(f"would start {card_id}")
+    summary = (
+        f"{len(report.dispatched)} started, {len(report.refused)} refused, "
+        f"{len(report.reconciled)} finished, {len(report.promoted)} promoted, "
+        f"{len(report.deferred)} deferred, {len(report.guarded)} in cooldown, "
+        f"{len(report.backing_off)} backing off"
+    )
+    if report.paused:
+        summary += "; claiming is paused"
+    if report.dry_run:
+        summary += " (dry run: nothing changed)"
+    lines.append(summary)
+    return lines

@@ -1,0 +1,146 @@
+"""Kanban dispatch throughput with scoping, against a plain `systemd-run --user --scope true` loop.
+
+N cards whose worker is `true` are added to a fresh board; one tick then claims, places (each
+worker in its own transient scope through the user manager) and spawns all of them. The rate is
+cards per second of that tick. The baseline is a shell-free loop of `systemd-run --user --scope
+--quiet true`, N times, measured in the same run against the same manager. The time until the
+board shows every card done (reconcile of the exit records) is reported too.
+
+Needs a systemd user manager: the host's, or a private one booted like the test suite does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from dispatcher.config import parse_config
+from dispatcher.kanban.dispatcher import KanbanDispatcher
+from dispatcher.kanban.model import CardStatus, NewCard
+from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.runtime import open_runtime
+from scope.abc import CallerKind
+from tests.benchmarks.common import Row, ratio
+from tests.support.systemd import ManagerUnavailable, SystemdManager, acquire_manager
+
+NAME = "kanban"
+DESCRIPTION = "kanban dispatch of N `true` cards with scoping vs a `systemd-run --scope true` loop"
+
+TARGET = 0.8
+
+
+def _baseline(manager: SystemdManager, count: int) -> float:
+    """Seconds for ``count`` sequential ``systemd-run --user --scope true``."""
+    argv = ["systemd-run", "--user", "--scope", "--quiet", "--collect", "true"]
+    subprocess.run(argv, env=manager.env, check=True, timeout=30)  # warm-up
+    start = time.perf_counter()
+    for _ in range(count):
+        subprocess.run(
+            argv,
+            env=manager.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            check=True,
+            timeout=30,
+        )
+    return time.perf_counter() - start
+
+
+def _dispatch(manager: SystemdManager, count: int) -> tuple[float, float, dict[str, int]]:
+    """Seconds for one tick that dispatches ``count`` cards, seconds until all are done, and
+    the placements used."""
+    base = Path(tempfile.mkdtemp(prefix="bench-kanban-"))
+    try:
+        settings = parse_config(
+            f"kanban:\n  max_in_progress: {count + 1}\n"
+            '  assignees:\n    t:\n      command: ["true"]\n',
+            "bench-config.yaml",
+        )
+        state_dir = base / "state"
+        runtime = open_runtime(settings, state_dir, manager.env, caller_kind=CallerKind.ONESHOT)
+        try:
+            store = SqliteBoardStore(runtime.db)
+            now = time.time()
+            for index in range(count):
+                store.add_card(NewCard(title=f"card {index}", assignee="t"), now=now)
+            dispatcher = KanbanDispatcher(
+                store=store,
+                registry=runtime.registry,
+                settings=settings.kanban,
+                state_dir=state_dir,
+                caller=CallerKind.ONESHOT,
+                environ=manager.env,
+                scoper=runtime.scoper,
+            )
+            runtime.scoper.probe()  # the first probe is not part of dispatching
+            start = time.perf_counter()
+            report = dispatcher.tick(time.time())
+            dispatched = time.perf_counter() - start
+            placements: dict[str, int] = {}
+            for item in report.dispatched:
+                placements[item.placement] = placements.get(item.placement, 0) + 1
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                dispatcher.tick(time.time())
+                counts = store.status_counts()
+                if counts[CardStatus.DONE] + counts[CardStatus.BLOCKED] >= count:
+                    break
+                time.sleep(0.05)
+            finished = time.perf_counter() - start
+            done = store.status_counts()[CardStatus.DONE]
+            if done != count:
+                raise RuntimeError(f"only {done} of {count} cards finished")
+            return dispatched, finished, placements
+        finally:
+            runtime.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run(quick: bool) -> list[Row]:
+    """Rates in cards (or scopes) per second; the ratio is against the systemd-run loop."""
+    count = 30 if quick else 1000
+    try:
+        manager = acquire_manager(dict(os.environ))
+    except ManagerUnavailable as exc:
+        note = f"no systemd user manager: {exc.reason.splitlines()[0]}"
+        return [Row(figure="kanban dispatch rate", value=None, unit="cards/s", note=note)]
+    try:
+        base_seconds = _baseline(manager, count)
+        dispatched, finished, placements = _dispatch(manager, count)
+    finally:
+        manager.close()
+    base_rate = count / base_seconds
+    rate = count / dispatched
+    placed = ", ".join(f"{k}={v}" for k, v in sorted(placements.items()))
+    measured = ratio(rate, base_rate)
+    return [
+        Row(
+            figure="systemd-run --user --scope true loop",
+            value=base_rate,
+            unit="scopes/s",
+            note=f"n={count}, {base_seconds * 1000 / count:.1f} ms each",
+        ),
+        Row(
+            figure="kanban dispatch rate (one tick, scoped)",
+            value=rate,
+            unit="cards/s",
+            baseline=base_rate,
+            ratio=measured,
+            target=f">= {TARGET}x",
+            met=None if measured is None else measured >= TARGET,
+            note=f"n={count}, {dispatched * 1000 / count:.1f} ms per card; placements {placed}",
+        ),
+        Row(
+            figure="kanban rate until all done",
+            value=count / finished,
+            unit="cards/s",
+            baseline=base_rate,
+            ratio=ratio(count / finished, base_rate),
+            note=f"n={count}, includes reconciling {count} exit records",
+        ),
+    ]

@@ -1,0 +1,396 @@
+"""`dispatch kanban` commands that need no worker: add/list/show/edit/move/pause, the worker
+fences, and bad input (exit 2, one line, the database unchanged)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dispatcher.cli.main import main
+from dispatcher.database import open_state
+from dispatcher.kanban.lookup import resolve_session_id
+from dispatcher.kanban.model import (
+    CardChange,
+    CardStatus,
+    Claimer,
+    Limits,
+    RunOutcome,
+    RunResult,
+)
+from dispatcher.kanban.store import SqliteBoardStore
+from tests.support.wait import wait_for
+
+REPORT = f"{sys.executable} -m dispatcher.cli.main kanban complete --result from-worker && exit 3"
+# degrade_without_scope: a test runner inside a systemd service must still start workers.
+CONFIG = f"""
+kanban:
+  degrade_without_scope: true
+  assignees:
+    echo:
+      command: ["sh", "-c", "echo hi $DISPATCH_CARD_TITLE"]
+    other:
+      command: ["true"]
+    sleeper:
+      command: ["sleep", "30"]
+    slow:
+      command: ["sleep", "30"]
+      timeout: 1s
+    missing:
+      command: ["/nonexistent/worker-binary"]
+    reporter:
+      command: ["sh", "-c", "{REPORT}"]
+"""
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    return tmp_path
+
+
+class Cli:
+    def __init__(self, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self.home = home
+        self.capsys = capsys
+
+    def __call__(self, *argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        code = main(
+            [
+                "--config",
+                str(self.home / "config.yaml"),
+                "--state-dir",
+                str(self.home / "state"),
+                *argv,
+            ],
+            environ={"HOME": str(self.home), **(env or {})},
+        )
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def json(self, *argv: str) -> object:
+        code, out, err = self(*argv, "--json")
+        assert code == 0, err
+        return json.loads(out)
+
+    def add(self, title: str = "t", *extra: str) -> str:
+        code, out, err = self("kanban", "add", title, "--assignee", "echo", *extra)
+        assert code == 0, err
+        return out.strip()
+
+    def dump(self) -> list[str]:
+        conn = sqlite3.connect(self.home / "state" / "state.db")
+        try:
+            return [line for line in conn.iterdump() if "kanban" in line]
+        finally:
+            conn.close()
+
+
+@pytest.fixture
+def cli(home: Path, capsys: pytest.CaptureFixture[str]) -> Cli:
+    return Cli(home, capsys)
+
+
+def test_add_prints_the_id_and_json(cli: Cli) -> None:
+    card_id = cli.add("First")
+    assert card_id.startswith("c_")
+    doc = cli.json("kanban", "add", "Second", "--assignee", "echo", "--priority", "4")
+    assert isinstance(doc, dict) and set(doc) == {"id"} and doc["id"] != card_id
+    cards = cli.json("kanban", "list")
+    assert isinstance(cards, list)
+    assert [c["title"] for c in cards] == ["Second", "First"]
+    assert cards[0]["priority"] == 4 and cards[0]["status"] == "ready"
+    assert cards[0]["created_at"].endswith(("+00:00", "Z")) or "+" in cards[0]["created_at"]
+
+
+def test_idempotency_key_repeats_return_the_same_id(cli: Cli) -> None:
+    first = cli.add("x", "--idempotency-key", "job-1")
+    again = cli.add("y", "--idempotency-key", "job-1")
+    assert first == again
+    assert len(cli.json("kanban", "list")) == 1  # type: ignore[arg-type]
+
+
+def test_body_file_parents_and_show(cli: Cli, home: Path) -> None:
+    parent = cli.add("parent")
+    (home / "body.txt").write_text("do the thing\n")
+    code, out, _ = cli(
+        "kanban",
+        "add",
+        "child",
+        "--assignee",
+        "echo",
+        "--body-file",
+        str(home / "body.txt"),
+        "--parent",
+        parent[:6],
+    )
+    assert code == 0
+    child = out.strip()
+    doc = cli.json("kanban", "show", child[:7])
+    assert isinstance(doc, dict)
+    assert doc["status"] == "todo" and doc["parents"] == [parent]
+    assert doc["body"] == "do the thing\n"
+    assert doc["runs"] == [] and [e["kind"] for e in doc["events"]] == ["created"]
+    assert isinstance(doc["events"][0]["id"], str)
+    code, out, _ = cli("kanban", "show", child)
+    assert code == 0 and "do the thing" in out
+
+
+def test_edit_move_unblock_archive(cli: Cli) -> None:
+    card_id = cli.add()
+    code, _, err = cli("kanban", "edit", card_id, "--title", "new", "--assignee", "other")
+    assert code == 0, err
+    doc = cli.json("kanban", "show", card_id)
+    assert isinstance(doc, dict) and doc["title"] == "new" and doc["assignee"] == "other"
+    assert cli("kanban", "move", card_id, "blocked")[0] == 0
+    doc = cli.json("kanban", "show", card_id)
+    assert isinstance(doc, dict) and doc["block_kind"] == "needs_input"
+    assert cli("kanban", "unblock", card_id)[0] == 0
+    assert cli("kanban", "archive", card_id)[0] == 0
+    assert cli.json("kanban", "list") == []
+    archived = cli.json("kanban", "list", "--all")
+    assert isinstance(archived, list) and archived[0]["status"] == "archived"
+
+
+def test_pause_and_resume_are_stored(cli: Cli) -> None:
+    assert cli("kanban", "pause")[1].strip() == "claiming paused"
+    code, out, _ = cli("kanban", "board")
+    assert code == 0 and "PAUSED" in out
+    assert cli.json("kanban", "resume") == {"paused": False, "changed": True}
+
+
+def test_board_groups_by_status(cli: Cli) -> None:
+    card_id = cli.add("on the board")
+    code, out, _ = cli("kanban", "board")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[lines.index("READY (1)") + 1].split()[0] == card_id
+
+
+def test_worker_commands_from_the_environment(cli: Cli, home: Path) -> None:
+    card_id = cli.add()
+    with open_state(home / "state") as db:
+        run = (
+            SqliteBoardStore(db)
+            .claim(
+                card_id,
+                now=1.0,
+                claimer=Claimer(pid=1, start=None),
+                limits=Limits(max_in_progress=9),
+            )
+            .run
+        )
+    assert run is not None
+    env = {"DISPATCH_CARD_ID": card_id, "DISPATCH_RUN_ID": run.run_id}
+    code, _, err = cli("kanban", "complete", "--result", "ok", env=env)
+    assert code == 0, err
+    doc = cli.json("kanban", "show", card_id)
+    assert isinstance(doc, dict) and doc["status"] == "done" and doc["result"] == "ok"
+
+
+# -- bad input: exit 2, one line, nothing changed ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["kanban", "add", "x", "--assignee", "nobody"], "assignee 'nobody'"),
+        (["kanban", "add", "x", "--assignee", "echo", "--parent", "zz!"], "--parent"),
+        (["kanban", "add", "x", "--assignee", "echo", "--parent", "c_ffff0000ff"], "parent"),
+        (["kanban", "add", "  ", "--assignee", "echo"], "title"),
+        (["kanban", "add", "x", "--assignee", "echo", "--priority", "high"], "--priority"),
+        (["kanban", "show", "c_ffff0000ff"], "no card"),
+        (["kanban", "show", "c_12"], "too short"),
+        (["kanban", "move", "CARD", "running"], "running"),
+        (["kanban", "edit", "CARD", "--assignee", "nobody"], "nobody"),
+        (["kanban", "complete", "CARD", "--run", "r_0000000000"], "stale run"),
+        (["kanban", "complete", "CARD"], "run id"),
+        (
+            ["kanban", "block", "CARD", "--run", "r_00000000", "--kind", "x", "--reason", "r"],
+            "kind",
+        ),
+        (["kanban", "unblock", "CARD"], "ready"),
+        (["kanban", "tick", "--max", "-1"], "--max"),
+        (["kanban", "nosuch"], "invalid choice"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_changes_nothing(
+    cli: Cli, argv: list[str], needle: str
+) -> None:
+    card_id = cli.add("keep me", "--body", "precious")
+    before = cli.dump()
+    code, out, err = cli(*[card_id if a == "CARD" else a for a in argv])
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dispatch: error: "), err
+    assert needle in lines[0]
+    assert cli.dump() == before
+
+
+def test_a_stale_run_changes_nothing_even_for_a_running_card(cli: Cli, home: Path) -> None:
+    card_id = cli.add()
+    me = Claimer(pid=1, start=None)
+    with open_state(home / "state") as db:
+        store = SqliteBoardStore(db)
+        old = store.claim(card_id, now=1.0, claimer=me, limits=Limits(max_in_progress=9)).run
+        assert old is not None
+        store.close_run(
+            old.run_id,
+            RunResult(outcome=RunOutcome.RECLAIMED),
+            lambda card, run: CardChange(fields={"status": CardStatus.READY}),
+            now=2.0,
+        )
+        new = store.claim(card_id, now=3.0, claimer=me, limits=Limits(max_in_progress=9)).run
+        assert new is not None
+    before = cli.dump()
+    code, _, err = cli(
+        "kanban", "block", card_id, "--run", old.run_id, "--kind", "needs_input", "--reason", "r"
+    )
+    assert code == 2 and "stale run" in err and new.run_id in err
+    assert cli.dump() == before
+
+
+def test_bad_input_is_one_line_from_a_real_process(home: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dispatcher.cli.main",
+            "--config",
+            str(home / "config.yaml"),
+            "--state-dir",
+            str(home / "state"),
+            "kanban",
+            "add",
+            "x",
+            "--assignee",
+            "ghost",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "ghost" in done.stderr and "echo" in done.stderr
+
+
+# -- with real workers ------------------------------------------------------------------------
+
+
+def wait_status(cli: Cli, card_id: str, status: str) -> dict[str, object]:
+    def current() -> dict[str, object] | None:
+        doc = cli.json("kanban", "show", card_id)
+        assert isinstance(doc, dict)
+        return doc if doc["status"] == status else None
+
+    return wait_for(current, timeout=20, interval=0.1, what=f"{card_id} {status}")
+
+
+def test_tick_starts_workers_and_board_reads_reconcile(
+    cli: Cli, home: Path, leak_guard: object
+) -> None:
+    first = cli.add("one")
+    second = cli.add("two")
+    report = cli.json("kanban", "tick")
+    assert isinstance(report, dict)
+    assert {d["card_id"] for d in report["dispatched"]} | {
+        c["card_id"] for c in report["reconciled"]
+    } == {first, second}
+    for card_id in (first, second):
+        doc = wait_status(cli, card_id, "done")
+        (run,) = doc["runs"]  # type: ignore[misc]
+        assert run["outcome"] == "completed" and run["exit_code"] == 0
+        assert run["placement"] in ("in_process", "degraded", "scoped")
+        kinds = [e["kind"] for e in doc["events"]]  # type: ignore[union-attr]
+        assert kinds[:3] == ["created", "claimed", "spawned"] and kinds[-1] == "completed"
+        with open_state(home / "state") as db:
+            session_id = resolve_session_id(db, card_id)
+            assert session_id == run["session_id"]
+            assert resolve_session_id(db, run["run_id"]) == session_id
+            assert resolve_session_id(db, str(session_id)) is None
+        title = "one" if card_id == first else "two"
+        code, out, _ = cli("logs", str(session_id))
+        if code == 0:  # `dispatch logs` belongs to the registry's CLI
+            assert out == f"hi {title}\n"
+
+
+def test_tick_dry_run_changes_nothing(cli: Cli) -> None:
+    card_id = cli.add()
+    before = cli.dump()
+    report = cli.json("kanban", "tick", "--dry-run")
+    assert isinstance(report, dict) and report["planned"] == [card_id]
+    assert report["dispatched"] == [] and cli.dump() == before
+
+
+def test_a_worker_reports_itself_and_its_exit_is_only_recorded(cli: Cli) -> None:
+    code, out, err = cli("kanban", "add", "self-report", "--assignee", "reporter")
+    assert code == 0, err
+    card_id = out.strip()
+    assert cli("kanban", "tick")[0] == 0
+    doc = wait_status(cli, card_id, "done")
+
+    def closed() -> dict[str, object] | None:
+        doc = cli.json("kanban", "show", card_id)
+        assert isinstance(doc, dict)
+        return doc if doc["runs"][0]["outcome"] else None  # type: ignore[index]
+
+    doc = wait_for(closed, timeout=20, interval=0.1, what="the run to close")
+    assert doc["status"] == "done" and doc["result"] == "from-worker"
+    assert doc["runs"][0]["exit_code"] == 3  # type: ignore[index]
+    assert doc["events"][-1]["kind"] == "exit_ignored"  # type: ignore[index]
+    assert doc["consecutive_failures"] == 0
+
+
+def test_archive_stops_a_running_worker(cli: Cli, home: Path) -> None:
+    _, out, _ = cli("kanban", "add", "long", "--assignee", "sleeper")
+    card_id = out.strip()
+    assert cli("kanban", "tick")[0] == 0
+    doc = cli.json("kanban", "show", card_id)
+    assert isinstance(doc, dict) and doc["status"] == "running"
+    session_id = doc["runs"][0]["session_id"]  # type: ignore[index]
+    assert cli("kanban", "archive", card_id)[0] == 0
+    doc = cli.json("kanban", "show", card_id)
+    assert isinstance(doc, dict) and doc["status"] == "archived"
+    assert doc["runs"][0]["outcome"] == "failed"  # type: ignore[index]
+    assert doc["runs"][0]["signal"] in ("SIGTERM", "SIGKILL")  # type: ignore[index]
+    assert [e["kind"] for e in doc["events"]][-2:] == ["stopped", "archived"]  # type: ignore[union-attr]
+    with open_state(home / "state") as db:
+        row = (
+            db.read()
+            .__enter__()
+            .execute("SELECT state FROM registry_sessions WHERE id = ?", (session_id,))
+            .fetchone()
+        )
+    assert row[0] == "killed"
+
+
+def test_a_worker_past_its_timeout_is_timed_out_and_counted(cli: Cli) -> None:
+    _, out, _ = cli("kanban", "add", "slow", "--assignee", "slow", "--failure-limit", "1")
+    card_id = out.strip()
+    assert cli("kanban", "tick")[0] == 0
+    doc = wait_status(cli, card_id, "blocked")
+    (run,) = doc["runs"]  # type: ignore[misc]
+    assert run["outcome"] == "timed_out"
+    assert doc["consecutive_failures"] == 1
+    assert [e["kind"] for e in doc["events"]][-2:] == ["blocked", "gave_up"]  # type: ignore[union-attr]
+
+
+def test_a_missing_binary_is_an_ordinary_counted_failure(cli: Cli) -> None:
+    _, out, _ = cli("kanban", "add", "broken", "--assignee", "missing")
+    card_id = out.strip()
+    for _ in range(2):
+        assert cli("kanban", "tick")[0] == 0
+    doc = wait_status(cli, card_id, "blocked")
+    assert [r["outcome"] for r in doc["runs"]] == ["failed_start", "failed_start"]  # type: ignore[union-attr]
+    assert all(not r["infrastructure"] for r in doc["runs"])  # type: ignore[union-attr]
+    assert doc["consecutive_failures"] == 2
+    assert "worker-binary" in str(doc["last_failure_error"])
