@@ -1,23 +1,378 @@
-"""`dispatch cron`: Cron jobs: list, next, run, history, pause, resume."""
+"""`dispatch cron`: list, next, run, history, pause, resume.
+
+``list``, ``next``, ``history``, ``pause`` and ``resume`` read the config and the state database
+only; ``run`` starts a worker through the registry (the same path a scheduled fire takes, under
+its own manual fire key). Exit codes follow ARCHITECTURE.md: 2 for a bad argument, expression,
+zone or unknown job; ``run --wait`` passes the worker's result through (exit code, 128+N for
+signal N, 124 timed out, 127 failed_start, 1 refused or lost, 130 on Ctrl-C with the worker left
+running).
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import signal
+import threading
+from collections.abc import Sequence
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group
-from scope.errors import DispatchError
+from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
+from dispatcher.cron.crontab import parse as parse_crontab
+from dispatcher.cron.envfile import read_env_file
+from dispatcher.cron.errors import EnvFileError
+from dispatcher.cron.launcher import FireRunner, claimant_token
+from dispatcher.cron.ledger import FireRecord, Ledger, Outcome, Status
+from dispatcher.cron.plan import JobPlan, job_active, plan_job
+from dispatcher.cron.report import iso_in, job_entry, policies, row_entry, schedule_text
+from dispatcher.cron.timeline import CronSchedule, Schedule
+from dispatcher.cron.zones import host_zone_name, load_zone
+from dispatcher.database import open_state
+from scope.abc import CallerKind
+from scope.clock import SystemClock
+from scope.errors import NotFoundError, UsageError
+from scope.schema import format_duration
 
 HELP = "Cron jobs: list, next, run, history, pause, resume."
+MAX_COUNT = 1000
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
-    """Add the `cron` group."""
+    """Add the ``cron`` group."""
     parser = add_group(subparsers, "cron", common, help=HELP)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    parser.set_defaults(handler=handle)
+    subs = add_subgroups(parser, "cron_command")
+
+    listing = subs.add_parser(
+        "list",
+        parents=[common],
+        help="Jobs with schedule, zone, pause state, next fire, last outcome and policies.",
+    )
+    listing.set_defaults(handler=handle_list)
+
+    nxt = subs.add_parser(
+        "next",
+        parents=[common],
+        help="Upcoming fire instants of a job, or of an ad-hoc expression with --expr.",
+        description="Print the next fire instants (after the DST rule, each instant once). "
+        "--from is exclusive (default now); a naive --from is read in the zone.",
+    )
+    nxt.add_argument("job_id", nargs="?", metavar="JOB_ID", help="a configured job")
+    nxt.add_argument("--expr", metavar="EXPR", help="a crontab expression instead of a job")
+    nxt.add_argument("--tz", metavar="ZONE", help="IANA zone for --expr (default: the host's)")
+    nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
+    nxt.add_argument("--count", type=int, default=5, metavar="N", help="how many (1-1000)")
+    nxt.set_defaults(handler=handle_next)
+
+    run = subs.add_parser("run", parents=[common], help="Fire a job now (its own manual fire key).")
+    run.add_argument("job_id", metavar="JOB_ID")
+    run.add_argument("--wait", action="store_true", help="wait and pass the result through")
+    run.set_defaults(handler=handle_run)
+
+    history = subs.add_parser("history", parents=[common], help="Ledger rows, newest first.")
+    history.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    history.add_argument("--limit", type=int, default=50, metavar="N", help="rows (default 50)")
+    history.set_defaults(handler=handle_history)
+
+    for name, verb in (("pause", "Pause"), ("resume", "Resume")):
+        sub = subs.add_parser(
+            name,
+            parents=[common],
+            help=f"{verb} a job (stored in the state database; overrides enabled).",
+        )
+        sub.add_argument("job_id", metavar="JOB_ID")
+        sub.set_defaults(handler=handle_pause if name == "pause" else handle_resume)
 
 
-def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Not built yet."""
-    raise DispatchError("'dispatch cron' is not available in this build yet")
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _plans(ctx: Context) -> dict[str, JobPlan]:
+    host = host_zone_name(ctx.environ)
+    return {job.id: plan_job(job, host) for job in ctx.settings.cron.jobs}
+
+
+def _plan(ctx: Context, job_id: str) -> JobPlan:
+    plans = _plans(ctx)
+    if job_id not in plans:
+        known = ", ".join(sorted(plans)) or "none configured"
+        raise NotFoundError("cron job", job_id, remedy=f"known jobs: {known}")
+    return plans[job_id]
+
+
+def _ledger(ctx: Context) -> Ledger:
+    db = open_state(ctx.state_dir)
+    ctx.on_close(db)
+    return Ledger(db)
+
+
+def _settle_open(ctx: Context, ledger: Ledger) -> None:
+    """Record outcomes of fires whose worker ended while no scheduler was watching (a
+    ``cron run`` without ``--wait``, a scheduler that is down)."""
+    if not ledger.open_rows((Status.RUNNING, Status.CLAIMED, Status.SPAWNING)):
+        return
+    from dispatcher.runtime import runtime_from_context
+
+    runtime = runtime_from_context(ctx, caller_kind=CallerKind.CRON)
+    runner = FireRunner(
+        ledger,
+        runtime.registry,
+        environ=ctx.environ,
+        state_dir=ctx.state_dir,
+        claimant=claimant_token(),
+        clock=SystemClock().time,
+    )
+    runner.reconcile({job.id: job for job in ctx.settings.cron.jobs})
+
+
+def _env_warnings(plan: JobPlan) -> list[str]:
+    if not plan.job.env_file:
+        return []
+    try:
+        read_env_file(plan.job.env_file)
+    except EnvFileError as err:
+        return [err.message]
+    return []
+
+
+# -- list ------------------------------------------------------------------------------------
+
+
+def handle_list(args: argparse.Namespace, ctx: Context) -> int:
+    """``dispatch cron list``."""
+    plans = _plans(ctx)
+    ledger = _ledger(ctx)
+    _settle_open(ctx, ledger)
+    states = ledger.job_states()
+    last = ledger.last_rows()
+    now = SystemClock().time()
+    entries = []
+    for plan in plans.values():
+        state = states.get(plan.job.id)
+        upcoming = None
+        if job_active(plan.job, state):
+            found = plan.schedule.next_instants(now, 1)
+            upcoming = found[0] if found else None
+        warnings = _env_warnings(plan)
+        for warning in warnings:
+            ctx.warn(f"cron job {plan.job.id!r}: {warning}")
+        entries.append(job_entry(plan, state, upcoming, last.get(plan.job.id), warnings))
+    if ctx.json:
+        ctx.emit_json(entries)
+        return 0
+    if not entries:
+        ctx.out("no cron jobs configured")
+        return 0
+    rows = [("ID", "SCHEDULE", "TIMEZONE", "STATE", "NEXT FIRE", "LAST", "POLICIES")]
+    for entry, plan in zip(entries, plans.values(), strict=True):
+        state_text = "active" if entry["active"] else "disabled"
+        if entry["paused"]:
+            state_text = "paused"
+        rows.append(
+            (
+                entry["id"],
+                schedule_text(plan),
+                entry["timezone"],
+                state_text,
+                entry["next_fire"] or "-",
+                entry["last_outcome"] or "-",
+                _policy_text(plan),
+            )
+        )
+    _table(ctx, rows)
+    return 0
+
+
+def _policy_text(plan: JobPlan) -> str:
+    p = policies(plan)
+    text = (
+        f"overlap={p['overlap']} catch_up={p['catch_up']} "
+        f"window={format_duration(p['catch_up_window'])} max={p['catch_up_max']}"
+    )
+    if p["jitter"]:
+        text += f" jitter={format_duration(p['jitter'])}"
+    if p["timeout"]:
+        text += f" timeout={format_duration(p['timeout'])}"
+    return text
+
+
+def _table(ctx: Context, rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        ctx.out("  ".join(cells).rstrip())
+
+
+# -- next ------------------------------------------------------------------------------------
+
+
+def handle_next(args: argparse.Namespace, ctx: Context) -> int:
+    """``dispatch cron next``."""
+    if (args.job_id is None) == (args.expr is None):
+        raise UsageError("give either JOB_ID or --expr EXPR (see 'dispatch cron next --help')")
+    if not 1 <= args.count <= MAX_COUNT:
+        raise UsageError(f"--count must be between 1 and {MAX_COUNT}, got {args.count}")
+    schedule: Schedule
+    if args.expr is not None:
+        zone_name = args.tz or host_zone_name(ctx.environ)
+        schedule = CronSchedule(parse_crontab(args.expr), load_zone(zone_name))
+    else:
+        if args.tz is not None:
+            raise UsageError("--tz applies to --expr only; a job uses its own timezone")
+        plan = _plan(ctx, args.job_id)
+        schedule, zone_name = plan.schedule, plan.zone
+    start = _parse_from(args.start, zone_name) if args.start else SystemClock().time()
+    instants = schedule.next_instants(start, args.count)
+    texts = [iso_in(at, zone_name) for at in instants]
+    if ctx.json:
+        ctx.emit_json(texts)
+    else:
+        for text in texts:
+            ctx.out(str(text))
+    return 0
+
+
+def _parse_from(text: str, zone_name: str) -> float:
+    try:
+        moment = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"--from: invalid ISO-8601 time {text!r}; use e.g. 2026-03-29T01:00 or "
+            "2026-03-29T01:00:00+01:00"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=load_zone(zone_name))
+    return moment.timestamp()
+
+
+# -- pause / resume --------------------------------------------------------------------------
+
+
+def handle_pause(args: argparse.Namespace, ctx: Context) -> int:
+    """``dispatch cron pause JOB_ID``."""
+    return _set_paused(args, ctx, True)
+
+
+def handle_resume(args: argparse.Namespace, ctx: Context) -> int:
+    """``dispatch cron resume JOB_ID``."""
+    return _set_paused(args, ctx, False)
+
+
+def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
+    _plan(ctx, args.job_id)
+    changed = _ledger(ctx).set_paused(args.job_id, paused, SystemClock().time())
+    if ctx.json:
+        ctx.emit_json({"id": args.job_id, "paused": paused, "changed": changed})
+        return 0
+    word = "paused" if paused else "resumed"
+    ctx.out(f"{args.job_id}: {word}" if changed else f"{args.job_id}: already {word}")
+    return 0
+
+
+# -- history ---------------------------------------------------------------------------------
+
+
+def handle_history(args: argparse.Namespace, ctx: Context) -> int:
+    """``dispatch cron history``."""
+    if args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {args.limit}")
+    ledger = _ledger(ctx)
+    if args.job_id is not None:
+        configured = {job.id for job in ctx.settings.cron.jobs}
+        if args.job_id not in configured and not ledger.known_job(args.job_id):
+            raise NotFoundError("cron job", args.job_id, remedy="see 'dispatch cron list'")
+    _settle_open(ctx, ledger)
+    rows = ledger.history(args.job_id, args.limit)
+    if ctx.json:
+        ctx.emit_json([row_entry(row) for row in rows])
+        return 0
+    if not rows:
+        ctx.out("no cron history")
+        return 0
+    table = [("FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR")]
+    for row in rows:
+        entry = row_entry(row)
+        exit_text = "-" if row.exit_code is None else str(row.exit_code)
+        if row.signal:
+            exit_text = row.signal
+        table.append(
+            (
+                row.fire_key,
+                entry["outcome"] + (" (catch-up)" if row.catch_up else ""),
+                entry["nominal"] or "-",
+                row.placement or "-",
+                row.session_id or "-",
+                exit_text,
+                row.error or "",
+            )
+        )
+    _table(ctx, table)
+    return 0
+
+
+# -- run -------------------------------------------------------------------------------------
+
+
+def handle_run(args: argparse.Namespace, ctx: Context) -> int:
+    """``dispatch cron run JOB_ID [--wait]``."""
+    _plan(ctx, args.job_id)
+    from dispatcher.cron.scheduler import CronScheduler
+    from dispatcher.runtime import runtime_from_context
+
+    runtime = runtime_from_context(ctx, caller_kind=CallerKind.CRON, follow=True)
+    scheduler = CronScheduler(
+        ctx.settings.cron,
+        runtime.registry,
+        runtime.db,
+        environ=ctx.environ,
+        state_dir=ctx.state_dir,
+    )
+    record = scheduler.run_now(args.job_id)
+    if record.session_id is None:
+        _report_run(ctx, record)
+        return _exit_status(record)
+    if not args.wait:
+        _report_run(ctx, record)
+        return 0
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        result = runtime.registry.wait(record.session_id, interrupt=interrupted)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted.is_set() and not result.snapshot.session.finished:
+        ctx.warn(f"interrupted; session {record.session_id} keeps running")
+        _report_run(ctx, record)
+        return 130
+    settled = scheduler.settle(result.snapshot.session)
+    fresh = settled or scheduler.ledger.get(record.id)
+    _report_run(ctx, fresh)
+    return _exit_status(fresh)
+
+
+def _report_run(ctx: Context, record: FireRecord) -> None:
+    if ctx.json:
+        ctx.emit_json(row_entry(record))
+    elif record.session_id:
+        ctx.out(record.session_id)
+    if record.outcome in (Outcome.SPAWN_REFUSED, Outcome.FAILED_START) and record.error:
+        ctx.warn(f"{record.fire_key}: {record.outcome.value}: {record.error}")
+
+
+def _exit_status(record: FireRecord) -> int:
+    outcome = record.outcome
+    if outcome is None or outcome is Outcome.COMPLETED:
+        return 0
+    if outcome is Outcome.FAILED:
+        if record.signal:
+            try:
+                return 128 + signal.Signals[record.signal].value
+            except KeyError:
+                return 1
+        return record.exit_code if record.exit_code is not None else 1
+    if outcome is Outcome.TIMED_OUT:
+        return 124
+    if outcome is Outcome.FAILED_START:
+        return 127
+    if outcome is Outcome.SPAWN_REFUSED:
+        return 1
+    return 1

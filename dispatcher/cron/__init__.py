@@ -1,1 +1,7 @@
-"""dispatcher/cron: crontab semantics, the fire-key ledger and the scheduler (see scheduler.py)."""
+"""dispatcher/cron: crontab semantics, the fire-key ledger and the scheduler.
+
+Modules: crontab (expressions), timeline (fires in real time, DST rule), policy (catch-up and
+overlap rules), ledger (the state-DB tables), decisions (one decision transaction), launcher
+(spawning and settling fires), scheduler (``CronScheduler``: ``tick`` plus APScheduler wake-ups),
+plan, zones, envfile, report, errors, settings. See docs/cron.md.
+"""

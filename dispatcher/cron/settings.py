@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass
 
 from dispatcher.commonsettings import JOB_ID_PATTERN, check_command, env_kind
+from dispatcher.cron.crontab import parse as parse_crontab
+from dispatcher.cron.errors import CronExpressionError
 from scope.schema import (
     Argv,
     Bool,
@@ -58,6 +60,12 @@ class CronJob:
         kind=Optional(Duration(min=1)),
         doc="Fixed interval (duration), anchored to the Unix epoch so fires are stable across "
         "restarts. Exactly one of schedule and every.",
+    )
+    offset: float = setting(
+        0.0,
+        kind=Duration(min=0),
+        doc="Phase of an every: schedule: fires at Unix epoch + offset + k * every "
+        "(must be less than every; only with every).",
     )
     timezone: str | None = setting(
         None, kind=Optional(Zone()), doc="IANA time zone of the schedule (default: the host's)."
@@ -117,6 +125,16 @@ class CronJob:
         """Cross-key rules: exactly one of schedule/every; string commands need shell."""
         if (self.schedule is None) == (self.every is None):
             raise Invalid("give exactly one of 'schedule' and 'every'", ("schedule",))
+        if self.schedule is not None:
+            try:
+                parse_crontab(self.schedule)
+            except CronExpressionError as err:
+                raise Invalid(err.message, ("schedule",)) from None
+        if self.offset:
+            if self.every is None:
+                raise Invalid("offset only applies to every: schedules", ("offset",))
+            if self.offset >= self.every:
+                raise Invalid("offset must be less than every", ("offset",))
         check_command(self.command, self.shell)
         if isinstance(self.on_failure, str):
             raise Invalid("on_failure must be an argv list", ("on_failure",))
@@ -133,7 +151,21 @@ class CronSettings:
         "restart-safe scope.",
     )
     max_concurrent: int = setting(
-        16, kind=Int(min=1), doc="Cap on cron workers running at once, host-wide."
+        16,
+        kind=Int(min=1),
+        doc="Cap on cron workers running at once, host-wide (fires beyond it wait for a slot).",
+    )
+    history_ttl: float = setting(
+        30 * 86400.0,
+        kind=Duration(min=3600),
+        doc="Ledger rows of finished fires older than this are pruned (hourly); the newest "
+        "row of each job is always kept.",
+    )
+    on_time_grace: float = setting(
+        60.0,
+        kind=Duration(min=0),
+        doc="A fire at most this late still runs as a normal fire; later ones were missed "
+        "during downtime and follow the job's catch_up policy.",
     )
     jobs: tuple[CronJob, ...] = setting(
         default_factory=tuple, kind=ListOf(Record(CronJob)), doc="The cron jobs."

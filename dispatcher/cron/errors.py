@@ -1,0 +1,64 @@
+"""cron's branch of the error tree (the root and the whole tree are drawn in scope/errors.py).
+
+::
+
+    DispatchError
+    ├── UsageError
+    │   ├── CronExpressionError   a crontab expression that cannot be used (exit 2)
+    │   └── ZoneError             a time zone name that cannot be loaded (exit 2)
+    └── DispatcherError           dispatcher/errors.py
+        └── CronError             a cron operation failed (exit 1)
+            └── EnvFileError      a job's env_file is unreadable, unsafe or malformed
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dispatcher.errors import DispatcherError
+from scope.errors import UsageError
+
+
+class CronExpressionError(UsageError):
+    """A crontab expression (or a zone given with one) is invalid; one line, exit 2."""
+
+    def __init__(self, expression: str, problem: str, **fields: Any) -> None:
+        super().__init__(expression=expression, problem=problem, **fields)
+
+    def describe(self) -> str:
+        return f"invalid crontab expression {self.fields['expression']!r}: {self.fields['problem']}"
+
+
+class CronError(DispatcherError):
+    """A cron operation failed (a fire that cannot start, a CLI request that cannot be met)."""
+
+    def __init__(self, problem: str, *, remedy: str | None = None, **fields: Any) -> None:
+        super().__init__(remedy=remedy, problem=problem, **fields)
+
+    def describe(self) -> str:
+        job = self.fields.get("job_id")
+        prefix = f"cron job {job!r}: " if job else ""
+        return f"{prefix}{self.fields['problem']}"
+
+
+class EnvFileError(CronError):
+    """A job's ``env_file`` cannot be used; the fire is recorded ``failed_start`` with this."""
+
+    def __init__(self, path: str, problem: str, *, remedy: str | None = None, **fields: Any):
+        super().__init__(problem, remedy=remedy, path=path, **fields)
+
+    def describe(self) -> str:
+        return f"env_file {self.fields['path']}: {self.fields['problem']}"
+
+
+class ZoneError(UsageError):
+    """A time zone name that cannot be loaded; one line, exit 2."""
+
+    def __init__(self, zone: str, **fields: Any) -> None:
+        super().__init__(zone=zone, **fields)
+
+    def describe(self) -> str:
+        return (
+            f"unknown time zone {self.fields['zone']!r}; use an IANA name such as "
+            "Europe/Berlin or UTC"
+        )

@@ -1,0 +1,508 @@
+"""The cron ledger: one row per fire decision, and per-job scheduling state, in the state DB.
+
+A row is keyed by its fire key (unique; for scheduled fires also unique as (job id, nominal wall
+time, fold)), so two schedulers sharing the database can never both run one occurrence: whoever
+inserts the row first owns it. A row that is to run is inserted *before* anything is spawned
+(status ``claimed``), moves to ``spawning`` by compare-and-set just before the spawn and to
+``running`` once the session exists; a crash in between leaves a row that :meth:`Ledger.orphans`
+finds and the scheduler settles without running the fire again.
+
+Row status (internal life cycle) versus outcome (the shared vocabulary, final)::
+
+    claimed ─► spawning ─► running ─► done(completed | failed | timed_out | lost | ...)
+    queued  ─► claimed                 done(skipped_overlap | missed | coalesced | replaced ...)
+
+Per-job state (table ``cron_jobs``): the *watermark* (every occurrence due at or before it has
+been decided, shared by all schedulers) and the pause override set by ``dispatch cron pause``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import operator
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from registry.state import Component, Migration, StateDB
+
+_SCHEMA_V1 = """
+CREATE TABLE cron_fires (
+    id INTEGER PRIMARY KEY,
+    fire_key TEXT NOT NULL UNIQUE,
+    job_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    nominal_wall TEXT NOT NULL,
+    fold INTEGER NOT NULL DEFAULT 0,
+    zone TEXT NOT NULL,
+    nominal REAL NOT NULL,
+    decided_at REAL NOT NULL,
+    due_at REAL,
+    actual REAL,
+    status TEXT NOT NULL,
+    outcome TEXT,
+    catch_up INTEGER NOT NULL DEFAULT 0,
+    jitter REAL NOT NULL DEFAULT 0,
+    placement TEXT,
+    session_id TEXT,
+    exit_code INTEGER,
+    signal TEXT,
+    started_at REAL,
+    ended_at REAL,
+    error TEXT,
+    infrastructure INTEGER NOT NULL DEFAULT 0,
+    log_path TEXT,
+    claimant TEXT,
+    on_failure_session TEXT
+);
+CREATE INDEX cron_fires_job ON cron_fires (job_id, id);
+CREATE INDEX cron_fires_open ON cron_fires (status, job_id) WHERE status != 'done';
+CREATE INDEX cron_fires_session ON cron_fires (session_id) WHERE session_id IS NOT NULL;
+CREATE TABLE cron_jobs (
+    job_id TEXT PRIMARY KEY,
+    watermark REAL,
+    paused INTEGER,
+    paused_at REAL,
+    updated_at REAL NOT NULL
+);
+"""
+
+COMPONENT = Component(
+    name="cron",
+    migrations=[Migration(version=1, apply=_SCHEMA_V1, note="cron ledger and job state")],
+)
+"""The cron tables, registered in :func:`dispatcher.database.components`."""
+
+
+class Status(enum.StrEnum):
+    """Where a ledger row is in its life cycle (``done`` rows carry the outcome)."""
+
+    CLAIMED = "claimed"
+    SPAWNING = "spawning"
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class Outcome(enum.StrEnum):
+    """Final outcome of a fire (the shared vocabulary)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    LOST = "lost"
+    FAILED_START = "failed_start"
+    SPAWN_REFUSED = "spawn_refused"
+    SKIPPED_OVERLAP = "skipped_overlap"
+    MISSED = "missed"
+    COALESCED = "coalesced"
+    QUEUED = "queued"
+    REPLACED = "replaced"
+
+
+FAILURE_OUTCOMES = frozenset(
+    {Outcome.FAILED, Outcome.TIMED_OUT, Outcome.LOST, Outcome.FAILED_START, Outcome.SPAWN_REFUSED}
+)
+"""Outcomes after which a job's ``on_failure`` command runs."""
+
+ACTIVE = (Status.CLAIMED, Status.SPAWNING, Status.RUNNING)
+"""Statuses of a fire that counts as "the job is running" for the overlap policy."""
+
+
+class Kind(enum.StrEnum):
+    """Scheduled occurrences and manual ``dispatch cron run`` fires have separate keys."""
+
+    SCHEDULE = "schedule"
+    MANUAL = "manual"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FireRecord:
+    """One ledger row."""
+
+    id: int
+    fire_key: str
+    job_id: str
+    kind: Kind
+    nominal_wall: str
+    fold: int
+    zone: str
+    nominal: float
+    decided_at: float
+    due_at: float | None
+    actual: float | None
+    status: Status
+    outcome: Outcome | None
+    catch_up: bool
+    jitter: float
+    placement: str | None
+    session_id: str | None
+    exit_code: int | None
+    signal: str | None
+    started_at: float | None
+    ended_at: float | None
+    error: str | None
+    infrastructure: bool
+    log_path: str | None
+    claimant: str | None
+    on_failure_session: str | None
+
+    @property
+    def shown_outcome(self) -> str:
+        """The outcome for display: the final one, else ``queued`` (waiting: overlap queue,
+        jitter delay or a concurrency slot) or ``running`` (being started, or running)."""
+        if self.outcome is not None:
+            return self.outcome.value
+        return "queued" if self.status in (Status.QUEUED, Status.CLAIMED) else "running"
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> FireRecord:
+        """Build from a ``SELECT *`` row."""
+        data = {name: row[name] for name in _COLUMNS}
+        data["kind"] = Kind(data["kind"])
+        data["status"] = Status(data["status"])
+        data["outcome"] = Outcome(data["outcome"]) if data["outcome"] else None
+        data["catch_up"] = bool(data["catch_up"])
+        data["infrastructure"] = bool(data["infrastructure"])
+        return cls(**data)
+
+
+_COLUMNS = tuple(f.name for f in fields(FireRecord))
+_EMPTY_ROW: dict[str, Any] = {
+    **dict.fromkeys(_COLUMNS[1:]),
+    "fold": 0,
+    "catch_up": 0,
+    "jitter": 0.0,
+    "infrastructure": 0,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobState:
+    """Per-job scheduling state shared by every scheduler on the database."""
+
+    job_id: str
+    watermark: float | None
+    """Every occurrence due at or before this instant has been decided (None: never seen)."""
+    paused: bool | None
+    """True: paused by ``cron pause``; False: resumed by ``cron resume`` (overrides
+    ``enabled: false``); None: follow the config's ``enabled``."""
+    paused_at: float | None
+
+
+class Tx:
+    """The operations of one write transaction (see :meth:`Ledger.transaction`)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def job_states(self, job_ids: Sequence[str] | None = None) -> dict[str, JobState]:
+        """The state rows of ``job_ids`` (all when None)."""
+        if job_ids is not None and len(job_ids) <= 200:
+            # A tick usually looks at a handful of due jobs out of many.
+            marks = ", ".join("?" for _ in job_ids)
+            rows = self.conn.execute(
+                f"SELECT * FROM cron_jobs WHERE job_id IN ({marks})",  # noqa: S608
+                list(job_ids),
+            ).fetchall()
+            return {row["job_id"]: _job_state(row) for row in rows}
+        rows = self.conn.execute("SELECT * FROM cron_jobs").fetchall()
+        wanted = None if job_ids is None else set(job_ids)
+        return {
+            row["job_id"]: _job_state(row)
+            for row in rows
+            if wanted is None or row["job_id"] in wanted
+        }
+
+    def all_open_rows(self) -> list[FireRecord]:
+        """Every row that is not done, oldest first (few: running, waiting)."""
+        rows = self.conn.execute(
+            "SELECT * FROM cron_fires WHERE status != 'done' ORDER BY id"
+        ).fetchall()
+        return [FireRecord.from_row(row) for row in rows]
+
+    def set_watermark(self, job_id: str, watermark: float, now: float) -> None:
+        """Move the job's watermark forward (never back)."""
+        self.conn.execute(
+            "INSERT INTO cron_jobs (job_id, watermark, updated_at) VALUES (?, ?, ?)"
+            " ON CONFLICT(job_id) DO UPDATE SET"
+            " watermark = max(coalesce(watermark, excluded.watermark), excluded.watermark),"
+            " updated_at = excluded.updated_at",
+            (job_id, watermark, now),
+        )
+
+    def set_watermarks(self, job_ids: Sequence[str], watermark: float) -> None:
+        """Move several jobs' watermarks forward to ``watermark`` (never back)."""
+        self.conn.executemany(
+            "INSERT INTO cron_jobs (job_id, watermark, updated_at) VALUES (?, ?, ?)"
+            " ON CONFLICT(job_id) DO UPDATE SET"
+            " watermark = max(coalesce(watermark, excluded.watermark), excluded.watermark),"
+            " updated_at = excluded.updated_at",
+            [(job_id, watermark, watermark) for job_id in job_ids],
+        )
+
+    def existing_keys(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` are already in the ledger."""
+        found: set[str] = set()
+        for start in range(0, len(keys), 500):
+            chunk = list(keys[start : start + 500])
+            marks = ", ".join("?" for _ in chunk)
+            found.update(
+                row[0]
+                for row in self.conn.execute(
+                    f"SELECT fire_key FROM cron_fires WHERE fire_key IN ({marks})",  # noqa: S608
+                    chunk,
+                )
+            )
+        return found
+
+    def insert_many(self, rows: Sequence[dict[str, Any]]) -> list[int]:
+        """Insert rows whose keys are known to be new (checked with :meth:`existing_keys` in
+        this transaction, which holds the write lock); returns their ids in order."""
+        if not rows:
+            return []
+        names = _COLUMNS[1:]
+        pick = operator.itemgetter(*names)
+        self.conn.executemany(_insert_sql(names), [pick({**_EMPTY_ROW, **row}) for row in rows])
+        keys = [row["fire_key"] for row in rows]
+        ids: dict[str, int] = {}
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            marks = ", ".join("?" for _ in chunk)
+            ids.update(
+                (row[1], row[0])
+                for row in self.conn.execute(
+                    f"SELECT id, fire_key FROM cron_fires WHERE fire_key IN ({marks})",  # noqa: S608
+                    chunk,
+                )
+            )
+        return [ids[key] for key in keys]
+
+    def open_rows(self, job_id: str) -> list[FireRecord]:
+        """The job's rows that are not done (claimed, spawning, queued, running), oldest first."""
+        rows = self.conn.execute(
+            "SELECT * FROM cron_fires WHERE job_id = ? AND status != 'done' ORDER BY id",
+            (job_id,),
+        ).fetchall()
+        return [FireRecord.from_row(row) for row in rows]
+
+    def insert(self, **values: Any) -> int | None:
+        """Insert a row; None when its fire key (or occurrence) is already in the ledger."""
+        try:
+            cursor = self.conn.execute(_insert_sql(tuple(values)), tuple(values.values()))
+        except sqlite3.IntegrityError:
+            return None
+        return cursor.lastrowid
+
+    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
+        """Compare-and-set: update the row only if its status is one of ``expect``."""
+        return _update(self.conn, row_id, expect, values)
+
+
+class Ledger:
+    """Reads and writes the cron tables of a :class:`~registry.state.StateDB`."""
+
+    def __init__(self, db: StateDB) -> None:
+        self.db = db
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        """One write transaction: every decision of a tick commits (or not) together."""
+        with self.db.write() as conn:
+            yield Tx(conn)
+
+    # -- job state ---------------------------------------------------------------------------
+
+    def job_states(self) -> dict[str, JobState]:
+        """Every job's state row."""
+        with self.db.read() as conn:
+            rows = conn.execute("SELECT * FROM cron_jobs").fetchall()
+        return {row["job_id"]: _job_state(row) for row in rows}
+
+    def set_paused(self, job_id: str, paused: bool, now: float) -> bool:
+        """Pause or resume; returns False when the job already was in that state. Resuming moves
+        the watermark to ``now`` so fires that fell in the pause are neither run nor missed."""
+        with self.db.write() as conn:
+            row = conn.execute("SELECT * FROM cron_jobs WHERE job_id = ?", (job_id,)).fetchone()
+            current = _job_state(row) if row else None
+            if current is not None and current.paused is paused:
+                return False
+            if paused:
+                conn.execute(
+                    "INSERT INTO cron_jobs (job_id, paused, paused_at, updated_at)"
+                    " VALUES (?, 1, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 1,"
+                    " paused_at = excluded.paused_at, updated_at = excluded.updated_at",
+                    (job_id, now, now),
+                )
+            else:
+                conn.execute(
+                    "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"
+                    " VALUES (?, 0, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 0,"
+                    " paused_at = NULL,"
+                    " watermark = max(coalesce(watermark, excluded.watermark), excluded.watermark),"
+                    " updated_at = excluded.updated_at",
+                    (job_id, now, now),
+                )
+        return True
+
+    # -- rows --------------------------------------------------------------------------------
+
+    def get(self, row_id: int) -> FireRecord:
+        """The row with this id (KeyError when absent)."""
+        with self.db.read() as conn:
+            row = conn.execute("SELECT * FROM cron_fires WHERE id = ?", (row_id,)).fetchone()
+        if row is None:
+            raise KeyError(row_id)
+        return FireRecord.from_row(row)
+
+    def by_key(self, fire_key: str) -> FireRecord | None:
+        """The row with this fire key, if any."""
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT * FROM cron_fires WHERE fire_key = ?", (fire_key,)
+            ).fetchone()
+        return FireRecord.from_row(row) if row else None
+
+    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
+        """Compare-and-set on the status (see :meth:`Tx.update`), in its own transaction."""
+        with self.db.write() as conn:
+            return _update(conn, row_id, expect, values)
+
+    def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
+        """Rows that are not done (optionally only these statuses), oldest first."""
+        wanted = (
+            [s.value for s in statuses]
+            if statuses
+            else [s.value for s in Status if s is not Status.DONE]
+        )
+        marks = ", ".join("?" for _ in wanted)
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT * FROM cron_fires WHERE status IN ({marks}) ORDER BY id",  # noqa: S608
+                wanted,
+            ).fetchall()
+        return [FireRecord.from_row(row) for row in rows]
+
+    def get_many(self, row_ids: Sequence[int]) -> list[FireRecord]:
+        """The rows with these ids, in the order given (missing ids are left out)."""
+        found: dict[int, FireRecord] = {}
+        with self.db.read() as conn:
+            for start in range(0, len(row_ids), 500):
+                chunk = list(row_ids[start : start + 500])
+                marks = ", ".join("?" for _ in chunk)
+                for row in conn.execute(
+                    f"SELECT * FROM cron_fires WHERE id IN ({marks})",  # noqa: S608
+                    chunk,
+                ):
+                    found[row["id"]] = FireRecord.from_row(row)
+        return [found[i] for i in row_ids if i in found]
+
+    def count_workers(self) -> int:
+        """Cron workers running (or being started) host-wide, across every process."""
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM cron_fires WHERE status IN ('spawning', 'running')"
+            ).fetchone()
+        return int(row[0])
+
+    def history(self, job_id: str | None = None, limit: int = 50) -> list[FireRecord]:
+        """The newest ``limit`` rows (of one job, or all), newest first."""
+        with self.db.read() as conn:
+            if job_id is None:
+                rows = conn.execute(
+                    "SELECT * FROM cron_fires ORDER BY id DESC LIMIT ?", (limit,)
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    "SELECT * FROM cron_fires WHERE job_id = ? ORDER BY id DESC LIMIT ?",
+                    (job_id, limit),
+                ).fetchall()
+        return [FireRecord.from_row(row) for row in rows]
+
+    def last_rows(self) -> dict[str, FireRecord]:
+        """The newest row of every job that has one."""
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM cron_fires WHERE id IN"
+                " (SELECT max(id) FROM cron_fires GROUP BY job_id)"
+            ).fetchall()
+        return {row["job_id"]: FireRecord.from_row(row) for row in rows}
+
+    def prune(self, cutoff: float, *, chunk: int = 1000) -> int:
+        """Delete finished rows decided before ``cutoff``, oldest first, keeping the newest row
+        of every job (``cron list`` shows it as the last outcome). Returns how many went.
+
+        Rows are walked in id order, which follows decision time, so the work stops at the
+        first row that is recent enough instead of scanning the whole table."""
+        removed = 0
+        with self.db.read() as conn:
+            keep = {
+                row[0] for row in conn.execute("SELECT max(id) FROM cron_fires GROUP BY job_id")
+            }
+        after = 0
+        while True:
+            with self.db.write() as conn:
+                rows = conn.execute(
+                    "SELECT id, decided_at FROM cron_fires WHERE status = 'done' AND id > ?"
+                    " ORDER BY id LIMIT ?",
+                    (after, chunk),
+                ).fetchall()
+                old = [row[0] for row in rows if row[1] < cutoff and row[0] not in keep]
+                if old:
+                    marks = ", ".join("?" for _ in old)
+                    conn.execute(f"DELETE FROM cron_fires WHERE id IN ({marks})", old)  # noqa: S608
+                removed += len(old)
+            if not rows or rows[-1][1] >= cutoff:
+                return removed
+            after = rows[-1][0]
+
+    def known_job(self, job_id: str) -> bool:
+        """Whether the ledger has any row or state for ``job_id``."""
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT 1 FROM cron_fires WHERE job_id = ? UNION ALL"
+                " SELECT 1 FROM cron_jobs WHERE job_id = ? LIMIT 1",
+                (job_id, job_id),
+            ).fetchone()
+        return row is not None
+
+
+def _job_state(row: sqlite3.Row) -> JobState:
+    paused = row["paused"]
+    return JobState(
+        job_id=row["job_id"],
+        watermark=row["watermark"],
+        paused=None if paused is None else bool(paused),
+        paused_at=row["paused_at"],
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_sql(names: tuple[str, ...]) -> str:
+    # Column names come from code, never from input; checked once per distinct set.
+    for name in names:
+        if name not in _COLUMNS or name == "id":
+            raise ValueError(f"unknown ledger column {name!r}")
+    marks = ", ".join("?" for _ in names)
+    return f"INSERT INTO cron_fires ({', '.join(names)}) VALUES ({marks})"  # noqa: S608
+
+
+# Values go to SQLite as they are: StrEnum members bind as text, bools as integers.
+
+
+def _update(
+    conn: sqlite3.Connection, row_id: int, expect: Sequence[Status], values: dict[str, Any]
+) -> bool:
+    for name in values:
+        if name not in _COLUMNS or name == "id":
+            raise ValueError(f"unknown ledger column {name!r}")
+    assignments = ", ".join(f"{name} = ?" for name in values)
+    marks = ", ".join("?" for _ in expect)
+    cursor = conn.execute(
+        f"UPDATE cron_fires SET {assignments} WHERE id = ? AND status IN ({marks})",  # noqa: S608
+        (*values.values(), row_id, *(s.value for s in expect)),
+    )
+    return cursor.rowcount == 1

@@ -1,0 +1,542 @@
+"""The cron scheduler: every decision in :meth:`CronScheduler.tick`, APScheduler only wakes it.
+
+``tick(now)`` is one deterministic step with an injected clock: settle finished fires, promote a
+queued fire whose job went idle, decide every occurrence due since the job's watermark (catch-up
+and overlap policies, one write transaction, rows claimed *before* anything is spawned), stop
+replaced workers, then start claimed fires whose jitter delay has passed, within
+``cron.max_concurrent``. Tests drive ``tick`` directly.
+
+``start()`` settles what a previous run left behind, applies catch-up (``catch_up(now)``) and hands
+the wake-ups to an APScheduler 3 ``BackgroundScheduler``: a single one-shot date job at the next
+instant anything is due (a fire, a jitter delay ending) or at most ``wake_interval`` away, with no
+misfire grace limit (APScheduler's default of 1 s would drop late wake-ups; lateness is judged
+here, by ``cron.on_time_grace``). A finished worker re-arms the wake at once, so a queued fire or a
+fire waiting for a concurrency slot starts without delay.
+
+What this module must not do: run a fire twice (the ledger's keys and compare-and-set prevent it),
+or kill anything but a ``replace`` policy's previous worker.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import os
+import queue
+import random
+import secrets
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dispatcher.cron.decisions import Decider
+from dispatcher.cron.errors import CronError
+from dispatcher.cron.launcher import FireRunner, claimant_token
+from dispatcher.cron.ledger import ACTIVE, FireRecord, Kind, Ledger, Outcome, Status
+from dispatcher.cron.plan import JobPlan, job_active, plan_job
+from dispatcher.cron.settings import CronJob, CronSettings
+from dispatcher.cron.timeline import fire_key, format_wall, local_wall
+from dispatcher.cron.zones import ZoneResolver, resolver_for
+from registry.abc import Registry, Session
+from registry.state import StateDB
+from scope.clock import Clock, SystemClock
+from scope.errors import DispatchError, NotFoundError
+
+__all__ = ["CronScheduler", "JobPlan", "PlannedFire", "TickReport", "job_active", "plan_job"]
+
+log = logging.getLogger("dispatch.cron")
+
+_WAKE_JOB_ID = "dispatch-cron-wake"
+_PRUNE_EVERY = 3600.0
+_FULL_RECONCILE_EVERY = 10
+"""Own running rows are re-checked against the registry every this many reconcile rounds (their
+ends normally arrive through the finish listener); other processes' rows every round."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedFire:
+    """A future fire as :meth:`CronScheduler.next_fires` reports it."""
+
+    job_id: str
+    at: float
+    wall: dt.datetime
+    fold: int
+    zone: str
+    fire_key: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TickReport:
+    """What one :meth:`CronScheduler.tick` did."""
+
+    now: float
+    decided: tuple[FireRecord, ...] = ()
+    """Rows this tick inserted (every outcome, including claimed and queued ones)."""
+    started: tuple[FireRecord, ...] = ()
+    """Rows whose worker this tick started (or, once :meth:`CronScheduler.start` runs the
+    spawner threads, handed to them)."""
+    settled: tuple[FireRecord, ...] = ()
+    """Rows this tick moved to a final outcome from a finished session or a recovery."""
+    replaced: tuple[str, ...] = ()
+    """Session ids this tick stopped because a newer fire replaced them."""
+    committed: float | None = None
+    """Clock time at which this tick's decisions were committed to the ledger."""
+    next_wake: float | None = None
+
+
+class CronScheduler:
+    """Cron for one config (see the module docstring). Thread-safe; one instance per process
+    is typical, several on one database (even in several processes) never run a fire twice."""
+
+    def __init__(
+        self,
+        settings: CronSettings,
+        registry: Registry,
+        db: StateDB,
+        *,
+        clock: Clock | None = None,
+        environ: Mapping[str, str] | None = None,
+        state_dir: Path | str | None = None,
+        zone_resolver: ZoneResolver | None = None,
+        rng: random.Random | None = None,
+        wake_interval: float = 30.0,
+        spawn_threads: int = 4,
+    ) -> None:
+        self.registry = registry
+        self.ledger = Ledger(db)
+        self.clock: Clock = clock or SystemClock()
+        # The workers' base environment (and where TZ is read from): the caller's, else ours.
+        self.environ = dict(os.environ if environ is None else environ)
+        self.zone_resolver = zone_resolver or resolver_for(self.environ)
+        # Jitter needs spread, not secrecy.
+        self.rng = rng or random.Random(secrets.randbits(64))  # noqa: S311
+        self.wake_interval = wake_interval
+        self.spawn_threads = spawn_threads
+        self.claimant = claimant_token()
+        self.runner = FireRunner(
+            self.ledger,
+            registry,
+            environ=self.environ,
+            state_dir=Path(state_dir) if state_dir is not None else db.path.parent,
+            claimant=self.claimant,
+            clock=self.clock.time,
+        )
+        self._lock = threading.RLock()
+        self._wake_lock = threading.Lock()
+        self._finished: queue.SimpleQueue[Session] = queue.SimpleQueue()
+        self._next_at: dict[str, float] = {}
+        self._last_reconcile: float | None = None
+        self._last_now: float | None = None
+        self._last_prune: float | None = None
+        self._reconcile_round = 0
+        self._spawner: ThreadPoolExecutor | None = None
+        self._aps: Any = None
+        self._wake_at: float | None = None
+        self._ticking = False
+        self._rewake: float | None = None
+        self._closed = False
+        self._plans: dict[str, JobPlan] = {}
+        self._apply_settings(settings)
+        registry.add_finish_listener(self._on_finish)
+
+    # -- configuration -----------------------------------------------------------------------
+
+    def _apply_settings(self, settings: CronSettings) -> None:
+        self.settings = settings
+        self._host_zone = self.zone_resolver()
+        old = self._plans
+        self._plans = {job.id: plan_job(job, self._host_zone) for job in settings.jobs}
+        self._decider = Decider(settings, claimant=self.claimant, rng=self.rng)
+        changed = [
+            job_id
+            for job_id, plan in self._plans.items()
+            if job_id in old and (old[job_id].job != plan.job or old[job_id].zone != plan.zone)
+        ]
+        if changed and self._last_now is not None:
+            # Everything up to the last tick was decided under the old schedule; without this
+            # a changed schedule would see its new fires before that instant as "missed".
+            with self.ledger.transaction() as tx:
+                tx.set_watermarks(changed, self._last_now)
+        # Every job is looked at in the next tick (first sight, catch-up, changed schedules).
+        self._next_at.clear()
+
+    @property
+    def plans(self) -> dict[str, JobPlan]:
+        """The configured jobs by id."""
+        return dict(self._plans)
+
+    def reload(self, settings: CronSettings) -> None:
+        """Use a new ``cron:`` section; new jobs start from now, removed jobs stop firing."""
+        with self._lock:
+            self._apply_settings(settings)
+        self._request_wake(self.clock.time())
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> TickReport:
+        """Make every decision due at ``now`` (default: the clock) and start what may start."""
+        with self._lock:
+            now = self.clock.time() if now is None else now
+            self._follow_host_zone()
+            self._last_now = now
+            settled = self._drain_finished()
+            settled.extend(self._reconcile(now))
+            self._promote_queued(now)
+            due = [
+                plan
+                for job_id, plan in self._plans.items()
+                if self._next_at.get(job_id, -math.inf) <= now
+            ]
+            with self.ledger.transaction() as tx:
+                batch = self._decider.decide(tx, due, now)
+            committed = self.clock.time()
+            for plan in due:
+                after = max(now, batch.watermarks.get(plan.job.id, now))
+                self._next_at[plan.job.id] = next(iter(plan.schedule.occurrences(after))).at
+            replaced = self._stop_replaced(batch.kill)
+            settled.extend(self._drain_finished())
+            started, pending = self._start_due(now)
+            return TickReport(
+                now=now,
+                decided=tuple(self.ledger.get_many(batch.inserted)),
+                started=tuple(started),
+                settled=tuple(settled),
+                replaced=tuple(replaced),
+                committed=committed,
+                next_wake=min([now + self.wake_interval, *pending, *self._next_at.values()]),
+            )
+
+    def catch_up(self, now: float | None = None) -> TickReport:
+        """Settle leftovers of a previous run and apply each job's catch-up policy to the
+        fires missed while no scheduler ran (what :meth:`start` does first)."""
+        with self._lock:
+            self._last_reconcile = None
+            self._reconcile_round = 0
+            return self.tick(now)
+
+    def _jobs(self) -> dict[str, CronJob]:
+        return {job_id: plan.job for job_id, plan in self._plans.items()}
+
+    def _reconcile(self, now: float) -> list[FireRecord]:
+        if self._last_reconcile is not None and now - self._last_reconcile < self.wake_interval:
+            return []
+        self._last_reconcile = now
+        full = self._reconcile_round % _FULL_RECONCILE_EVERY == 0
+        self._reconcile_round += 1
+        settled = self.runner.reconcile(self._jobs(), foreign_only=not full)
+        if self._last_prune is None or now - self._last_prune >= _PRUNE_EVERY:
+            self._last_prune = now
+            removed = self.ledger.prune(now - self.settings.history_ttl)
+            if removed:
+                log.info("cron: pruned %d ledger rows older than cron.history_ttl", removed)
+        return [s.record for s in settled]
+
+    def _follow_host_zone(self) -> None:
+        current = self.zone_resolver()
+        if current != self._host_zone:
+            log.info("cron: host time zone changed from %s to %s", self._host_zone, current)
+            self._apply_settings(self.settings)
+
+    def _drain_finished(self) -> list[FireRecord]:
+        settled: list[FireRecord] = []
+        while True:
+            try:
+                session = self._finished.get_nowait()
+            except queue.Empty:
+                return settled
+            plan = self._plans.get(session.labels.get("cron_job", ""))
+            result = self.runner.settle(session, job=plan.job if plan else None)
+            if result is not None:
+                settled.append(result.record)
+
+    def _promote_queued(self, now: float) -> None:
+        queued = self.ledger.open_rows((Status.QUEUED,))
+        if not queued:
+            return
+        with self.ledger.transaction() as tx:
+            for row in queued:
+                if any(r.status in ACTIVE for r in tx.open_rows(row.job_id)):
+                    continue
+                tx.update(
+                    row.id,
+                    (Status.QUEUED,),
+                    status=Status.CLAIMED,
+                    claimant=self.claimant,
+                    due_at=now + row.jitter,
+                )
+
+    def _stop_replaced(self, kills: list[tuple[str, str]]) -> list[str]:
+        for session_id, reason in kills:
+            if self._spawner is not None:
+                # A kill waits out the grace period; fires due now must not wait for it.
+                self._spawner.submit(self._kill, session_id, reason)
+            else:
+                self._kill(session_id, reason)
+        return [session_id for session_id, _ in kills]
+
+    def _kill(self, session_id: str, reason: str) -> None:
+        try:
+            self.registry.kill(session_id, reason=reason)
+        except (DispatchError, OSError) as err:
+            log.warning("cron: could not stop replaced session %s: %s", session_id, err)
+
+    def _start_due(self, now: float) -> tuple[list[FireRecord], list[float]]:
+        mine = self.ledger.open_rows((Status.CLAIMED,))
+        claimed = sorted(
+            (r for r in mine if r.claimant == self.claimant),
+            key=lambda r: (r.due_at or 0.0, r.id),
+        )
+        pending = [r.due_at for r in claimed if r.due_at is not None and r.due_at > now]
+        ready = [r for r in claimed if r.due_at is None or r.due_at <= now]
+        started: list[FireRecord] = []
+        if not ready:
+            return started, pending
+        workers = self.ledger.count_workers()
+        for index, row in enumerate(ready):
+            if workers >= self.settings.max_concurrent:
+                log.info(
+                    "cron: %d fire(s) wait for a free cron.max_concurrent slot (%d running)",
+                    len(ready) - index,
+                    workers,
+                )
+                break
+            plan = self._plans.get(row.job_id)
+            job = plan.job if plan else None
+            if not self.runner.take(row, now):
+                continue
+            workers += 1
+            if self._spawner is not None:
+                # Spawning costs tens of milliseconds (a keeper starts); other fires due now
+                # must not wait in line behind it.
+                self._spawner.submit(self._launch, row, job, now)
+                started.append(row)
+            else:
+                started.append(self.runner.launch(row, job, now))
+        return started, pending
+
+    def _launch(self, row: FireRecord, job: CronJob | None, now: float) -> None:
+        try:
+            self.runner.launch(row, job, now)
+        except Exception:
+            log.exception("cron: starting fire %s failed", row.fire_key)
+            self.runner.finalize(
+                row.id,
+                Outcome.FAILED_START,
+                error="internal error while starting the worker (see the log)",
+                expect=(Status.SPAWNING,),
+                job=job,
+            )
+
+    # -- manual runs -------------------------------------------------------------------------
+
+    def run_now(self, job_id: str, now: float | None = None) -> FireRecord:
+        """Start a fire of ``job_id`` now under its own manual key (``dispatch cron run``).
+
+        Ignores pause, ``enabled`` and the overlap policy (the operator asked for it), but not
+        ``cron.max_concurrent``. Raises NotFoundError for an unknown job, CronError at the cap."""
+        with self._lock:
+            plan = self._plans.get(job_id)
+            if plan is None:
+                raise NotFoundError("cron job", job_id, remedy="see 'dispatch cron list'")
+            now = self.clock.time() if now is None else now
+            running = self.ledger.count_workers()
+            if running >= self.settings.max_concurrent:
+                raise CronError(
+                    f"{running} cron workers are running, the cron.max_concurrent limit",
+                    job_id=job_id,
+                    remedy="wait for one to finish or raise cron.max_concurrent",
+                )
+            wall, fold = local_wall(now, plan.schedule.zone)
+            key = f"{job_id}@run:{format_wall(wall)}:{secrets.token_hex(3)}"
+            with self.ledger.transaction() as tx:
+                row_id = tx.insert(
+                    fire_key=key,
+                    job_id=job_id,
+                    kind=Kind.MANUAL,
+                    nominal_wall=format_wall(wall),
+                    fold=fold,
+                    zone=plan.zone,
+                    nominal=now,
+                    decided_at=now,
+                    due_at=now,
+                    status=Status.CLAIMED,
+                    claimant=self.claimant,
+                )
+            assert row_id is not None
+            return self.runner.start(self.ledger.get(row_id), plan.job, now)
+
+    def settle(self, session: Session) -> FireRecord | None:
+        """Record the outcome of a finished fire's session now (e.g. after waiting for it)."""
+        with self._lock:
+            plan = self._plans.get(session.labels.get("cron_job", ""))
+            result = self.runner.settle(session, job=plan.job if plan else None)
+            return result.record if result else None
+
+    # -- looking ahead -----------------------------------------------------------------------
+
+    def next_fires(
+        self, count: int, *, job_id: str | None = None, after: float | None = None
+    ) -> list[PlannedFire]:
+        """The next ``count`` fires (of one job or of all, active jobs only when all), in time
+        order; coalesced DST-gap fires are left out."""
+        after = self.clock.time() if after is None else after
+        states = self.ledger.job_states()
+        found: list[PlannedFire] = []
+        for plan in self._plans.values():
+            if job_id is not None and plan.job.id != job_id:
+                continue
+            if job_id is None and not job_active(plan.job, states.get(plan.job.id)):
+                continue
+            taken = 0
+            for occ in plan.schedule.occurrences(after):
+                if taken >= count:
+                    break
+                if occ.coalesced:
+                    continue
+                taken += 1
+                found.append(
+                    PlannedFire(
+                        job_id=plan.job.id,
+                        at=occ.at,
+                        wall=occ.wall,
+                        fold=occ.fold,
+                        zone=plan.zone,
+                        fire_key=fire_key(plan.job.id, occ.wall, occ.fold),
+                    )
+                )
+        found.sort(key=lambda fire: (fire.at, fire.job_id))
+        return found[:count]
+
+    # -- running -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Catch up, then let APScheduler wake :meth:`tick` whenever something is due."""
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        with self._wake_lock:
+            if self._aps is not None:
+                return
+        with self._lock:
+            self._closed = False
+            if self._spawner is None and self.spawn_threads > 0:
+                self._spawner = ThreadPoolExecutor(
+                    max_workers=self.spawn_threads, thread_name_prefix="dispatch-cron-spawn"
+                )
+        report = self.catch_up()
+        with self._wake_lock:
+            if self._aps is not None:
+                return
+            self._aps = BackgroundScheduler(
+                timezone=dt.UTC,
+                job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 3},
+            )
+            self._aps.start()
+        self._request_wake(report.next_wake or self.clock.time())
+
+    def stop(self) -> None:
+        """Stop waking; running workers keep running. Fires this instance claimed but had not
+        started yet are settled ``failed_start`` (they are never run twice)."""
+        with self._wake_lock:
+            aps, self._aps, self._wake_at = self._aps, None, None
+        if aps is not None:
+            aps.shutdown(wait=True)
+        with self._lock:
+            spawner, self._spawner = self._spawner, None
+        if spawner is not None:
+            spawner.shutdown(wait=True)
+        with self._lock:
+            self._closed = True
+            for row in self.ledger.open_rows((Status.CLAIMED,)):
+                if row.claimant != self.claimant:
+                    continue
+                plan = self._plans.get(row.job_id)
+                self.runner.finalize(
+                    row.id,
+                    Outcome.FAILED_START,
+                    error="the scheduler stopped before starting this fire; not re-run",
+                    expect=(Status.CLAIMED,),
+                    job=plan.job if plan else None,
+                )
+
+    close = stop
+
+    def run(self, stop_event: threading.Event) -> None:
+        """:meth:`start`, block until ``stop_event`` is set, then :meth:`stop`."""
+        self.start()
+        try:
+            stop_event.wait()
+        finally:
+            self.stop()
+
+    @property
+    def running(self) -> bool:
+        """Whether APScheduler is waking this scheduler."""
+        return self._aps is not None
+
+    def _on_finish(self, session: Session) -> None:
+        # Called from a registry thread: never take the tick lock here (a tick may be waiting
+        # on that very thread), just hand the session over and wake up.
+        if session.owner.kind != "cron":
+            return
+        self._finished.put(session)
+        self._request_wake(self.clock.time())
+
+    def _request_wake(self, at: float) -> None:
+        with self._wake_lock:
+            if self._aps is None:
+                return
+            if self._ticking:
+                # The running tick re-arms the wake when it ends; fold this request into it.
+                self._rewake = at if self._rewake is None else min(self._rewake, at)
+                return
+            if (
+                self._wake_at is not None
+                and self._wake_at <= at
+                and self._aps.get_job(_WAKE_JOB_ID) is not None
+            ):
+                return
+            self._arm(at)
+
+    def _arm(self, at: float) -> None:
+        """Schedule the one wake-up job at ``at`` (caller holds ``_wake_lock``)."""
+        self._wake_at = at
+        # Round up to the microsecond so the wake never lands just before the instant.
+        run_date = dt.datetime.fromtimestamp(math.ceil(at * 1e6) / 1e6, dt.UTC)
+        self._aps.add_job(
+            self._on_wake,
+            trigger="date",
+            run_date=run_date,
+            id=_WAKE_JOB_ID,
+            replace_existing=True,
+        )
+
+    def _on_wake(self) -> None:
+        with self._wake_lock:
+            self._wake_at = None
+            self._ticking = True
+        while True:
+            try:
+                next_wake = self.tick().next_wake
+            except Exception:
+                log.exception("cron: tick failed; retrying in %g s", self.wake_interval)
+                next_wake = self.clock.time() + self.wake_interval
+            with self._wake_lock:
+                wanted = [at for at in (next_wake, self._rewake) if at is not None]
+                self._rewake = None
+                at = min(wanted) if wanted else None
+                if at is not None and at <= self.clock.time() and self._aps is not None:
+                    # Already due again (a worker finished meanwhile): tick again here rather
+                    # than arming a job that APScheduler could refuse as a concurrent instance.
+                    continue
+                self._ticking = False
+                if (
+                    self._aps is not None
+                    and at is not None
+                    and (self._wake_at is None or at < self._wake_at)
+                ):
+                    self._arm(at)
+                return

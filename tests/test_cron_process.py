@@ -1,0 +1,444 @@
+"""Cron with real parts: the real process registry (keepers, real workers), real SQLite, real
+APScheduler wake-ups, separate scheduler processes on one database, the ``dispatch cron`` CLI,
+and degrade vs fail-closed on a real systemd user manager.
+
+Decisions are still driven with a fake clock where the test is about a decision (overlap,
+timeout); workers are real processes held open by a release file, so nothing sleeps to wait.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher.cron.ledger import FireRecord, Ledger, Status
+from dispatcher.cron.scheduler import CronScheduler
+from dispatcher.cron.settings import CronJob, CronSettings, OverlapPolicy
+from dispatcher.cron.zones import fixed_zone
+from dispatcher.runtime import Runtime, open_runtime
+from dispatcher.settings import Settings
+from registry.abc import SessionState
+from scope.abc import CallerKind, Placement
+from scope.clock import FakeClock
+from scope.procstat import start_time
+from tests.support.wait import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = dt.datetime(2026, 1, 5, 9, 59, 30, tzinfo=dt.UTC).timestamp()
+WAIT_FOR_FILE = 'while [ ! -e "$1" ]; do sleep 0.02; done'
+
+
+def utc(text: str) -> float:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp()
+
+
+def no_bus_env(tmp_path: Path) -> dict[str, str]:
+    """An environment without a reachable systemd: placement is plainly in_process."""
+    runtime_dir = tmp_path / "no-bus"
+    runtime_dir.mkdir(mode=0o700, exist_ok=True)
+    return {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "HOME": str(tmp_path),
+        "XDG_RUNTIME_DIR": str(runtime_dir),
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime_dir}/bus",
+    }
+
+
+class Rig:
+    """A real runtime (database, scoper, process registry) and one scheduler on it."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        *jobs: CronJob,
+        environ: dict[str, str] | None = None,
+        clock: FakeClock | None = None,
+        **cron: Any,
+    ) -> None:
+        self.state_dir = tmp_path / "state"
+        self.environ = environ or no_bus_env(tmp_path)
+        self.settings = Settings(cron=CronSettings(jobs=tuple(jobs), **cron))
+        self.runtime: Runtime = open_runtime(
+            self.settings,
+            self.state_dir,
+            self.environ,
+            caller_kind=CallerKind.CRON,
+            follow=True,
+        )
+        self.clock = clock
+        self.scheduler = CronScheduler(
+            self.settings.cron,
+            self.runtime.registry,
+            self.runtime.db,
+            clock=clock,
+            environ=self.environ,
+            state_dir=self.state_dir,
+            zone_resolver=fixed_zone("UTC"),
+        )
+        self.ledger = Ledger(self.runtime.db)
+
+    def at(self, text: str) -> float:
+        assert self.clock is not None
+        self.clock.set(utc(text))
+        return self.clock.time()
+
+    def rows(self, job_id: str | None = None) -> list[FireRecord]:
+        return list(reversed(self.ledger.history(job_id, limit=1000)))
+
+    def outcomes(self) -> list[str]:
+        return [row.shown_outcome for row in self.rows()]
+
+    def settle_until(self, expected: list[str], timeout: float = 10.0) -> None:
+        """Tick (settling finished workers) until the ledger shows ``expected``."""
+
+        def done() -> bool:
+            self.scheduler.tick()
+            return self.outcomes() == expected
+
+        wait_for(done, timeout, what=f"ledger outcomes {expected}")
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        for session in self.runtime.registry.list_sessions():
+            self.runtime.registry.kill(session.id, grace=0.5)
+        self.runtime.close()
+
+
+@pytest.fixture
+def rigs(tmp_path: Path) -> Iterator[Any]:
+    made: list[Rig] = []
+
+    def make(*jobs: CronJob, **kwargs: Any) -> Rig:
+        rig = Rig(tmp_path, *jobs, **kwargs)
+        made.append(rig)
+        return rig
+
+    yield make
+    for rig in made:
+        rig.close()
+
+
+def slow_job(release: Path, **values: Any) -> CronJob:
+    return CronJob(
+        id="slow",
+        schedule="*/5 * * * *",
+        command=("sh", "-c", WAIT_FOR_FILE, "sh", str(release)),
+        **values,
+    )
+
+
+def alive(pid: int | None, started: int | None) -> bool:
+    return pid is not None and started is not None and start_time(pid) == started
+
+
+# -- overlap with a slow worker --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "while_running", "after"),
+    [
+        (
+            OverlapPolicy.SKIP,
+            ["running", "skipped_overlap", "skipped_overlap"],
+            ["completed", "skipped_overlap", "skipped_overlap"],
+        ),
+        (
+            OverlapPolicy.QUEUE_ONE,
+            ["running", "queued", "skipped_overlap"],
+            ["completed", "completed", "skipped_overlap"],
+        ),
+        (OverlapPolicy.ALLOW, ["running"] * 3, ["completed"] * 3),
+    ],
+    ids=["skip", "queue_one", "allow"],
+)
+def test_overlap_with_a_slow_worker(leak_guard, rigs, tmp_path, policy, while_running, after):
+    release = tmp_path / "release"
+    rig = rigs(slow_job(release, overlap=policy), clock=FakeClock(T0))
+    rig.scheduler.tick()
+    for when in ("10:00", "10:05", "10:10"):
+        rig.scheduler.tick(rig.at(f"2026-01-05T{when}:00"))
+    assert rig.outcomes() == while_running
+    running = rig.runtime.registry.list_sessions()
+    assert len(running) == while_running.count("running")
+    assert all(s.placement is Placement.IN_PROCESS for s in running)
+    release.touch()
+    rig.settle_until(after)
+    for row in rig.rows():
+        if row.outcome and row.outcome.value == "completed":
+            assert row.exit_code == 0 and row.session_id and row.ended_at
+
+
+def test_overlap_replace_kills_the_running_worker(leak_guard, rigs, tmp_path):
+    release = tmp_path / "release"
+    rig = rigs(slow_job(release, overlap=OverlapPolicy.REPLACE), clock=FakeClock(T0))
+    rig.scheduler.tick()
+    rig.scheduler.tick(rig.at("2026-01-05T10:00:00"))
+    (first,) = rig.rows()
+    old = rig.runtime.registry.get(first.session_id or "")
+    wait_for(lambda: rig.runtime.registry.get(old.id).worker_pid, what="worker pid recorded")
+    old = rig.runtime.registry.get(old.id)
+    assert alive(old.worker_pid, old.worker_start)
+    report = rig.scheduler.tick(rig.at("2026-01-05T10:05:00"))
+    assert report.replaced == (old.id,)
+    killed = rig.runtime.registry.get(old.id)
+    assert killed.state is SessionState.KILLED
+    assert not alive(old.worker_pid, old.worker_start)
+    assert rig.outcomes() == ["replaced", "running"]
+    release.touch()
+    rig.settle_until(["replaced", "completed"])
+
+
+def test_timeout_kills_through_the_registry(leak_guard, rigs, tmp_path):
+    job = CronJob(id="hang", every=60.0, command=("sleep", "60"), timeout=1.0)
+    rig = rigs(job, clock=FakeClock(T0))
+    rig.scheduler.tick()
+    rig.scheduler.tick(rig.at("2026-01-05T10:00:00"))
+    (row,) = rig.rows()
+    session_id = row.session_id or ""
+    wait_for(lambda: rig.runtime.registry.get(session_id).worker_pid, what="worker started")
+    worker = rig.runtime.registry.get(session_id)
+    rig.settle_until(["timed_out"], timeout=15)
+    (row,) = rig.rows()
+    assert row.error
+    assert not alive(worker.worker_pid, worker.worker_start)
+    assert rig.runtime.registry.get(session_id).state is SessionState.TIMED_OUT
+
+
+def test_failed_start_and_on_failure_with_real_processes(rigs, tmp_path):
+    marker = tmp_path / "hook.json"
+    hook = (
+        "import json, os, sys; "
+        "json.dump({k: v for k, v in os.environ.items() if k.startswith('DISPATCH_')}, "
+        "open(sys.argv[1], 'w'))"
+    )
+    job = CronJob(
+        id="bad",
+        every=60.0,
+        command=("sh", "-c", "echo oops >&2; exit 4"),
+        on_failure=(sys.executable, "-c", hook, str(marker)),
+    )
+    rig = rigs(job, clock=FakeClock(T0))
+    rig.scheduler.tick()
+    rig.scheduler.tick(rig.at("2026-01-05T10:00:00"))
+    rig.settle_until(["failed"])
+    wait_for(marker.exists, what="on_failure hook output")
+    wait_for(lambda: marker.read_text().endswith("}"), what="hook output complete")
+    details = json.loads(marker.read_text())
+    (row,) = rig.rows()
+    assert details["DISPATCH_OUTCOME"] == "failed"
+    assert details["DISPATCH_EXIT_CODE"] == "4"
+    assert details["DISPATCH_FIRE_KEY"] == row.fire_key
+    assert details["DISPATCH_FIRE_SESSION_ID"] == row.session_id
+    assert Path(details["DISPATCH_LOG_PATH"]).read_bytes() == b"oops\n"
+
+
+# -- APScheduler drives the ticks ------------------------------------------------------------
+
+
+def test_apscheduler_wakes_the_scheduler_and_late_wakes_still_run(leak_guard, rigs):
+    job = CronJob(id="beat", every=1.0, command=("true",), overlap=OverlapPolicy.ALLOW)
+    rig = rigs(job)
+    rig.scheduler.start()
+    assert rig.scheduler.running
+    wait_for(
+        lambda: rig.outcomes()[:2] == ["completed", "completed"],
+        timeout=10,
+        what="two fires woken by APScheduler",
+    )
+    # Hold APScheduler back for more than its 1 s misfire default: the wake still happens and
+    # the fire that came due meanwhile runs (late, but within cron.on_time_grace).
+    rig.scheduler._aps.pause()
+    paused_at = time.time()
+    time.sleep(1.6)  # the condition under test is "APScheduler was late", so it must wait
+    count = len(rig.rows())
+    rig.scheduler._aps.resume()
+    wait_for(lambda: len(rig.rows()) > count, timeout=10, what="a fire after the late wake")
+    late = [r for r in rig.rows() if r.nominal < paused_at + 1.5 and r.nominal > paused_at]
+    assert late and all(r.shown_outcome in ("running", "completed") for r in late)
+    rig.scheduler.stop()
+    assert not rig.scheduler.running
+
+
+# -- two scheduler processes on one database -------------------------------------------------
+
+SCHEDULER_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading, time
+    from pathlib import Path
+    from dispatcher.config import load_config
+    from dispatcher.cron.scheduler import CronScheduler
+    from dispatcher.runtime import open_runtime
+    from scope.abc import CallerKind
+    import os
+
+    config, state, seconds = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+    settings = load_config(config).settings
+    env = dict(os.environ)
+    with open_runtime(settings, state, env, caller_kind=CallerKind.CRON, follow=True) as rt:
+        scheduler = CronScheduler(settings.cron, rt.registry, rt.db, environ=env, state_dir=state)
+        scheduler.start()
+        time.sleep(seconds)
+        scheduler.stop()
+        deadline = time.monotonic() + 10
+        while rt.registry.list_sessions() and time.monotonic() < deadline:
+            scheduler.tick()
+            time.sleep(0.05)
+        scheduler.tick()
+    print("done")
+    """
+)
+
+
+def test_two_scheduler_processes_never_run_a_fire_twice(leak_guard, tmp_path):
+    config = tmp_path / "config.yaml"
+    jobs = "\n".join(
+        f'    - id: j{i}\n      every: 1s\n      overlap: allow\n      command: ["true"]'
+        for i in range(3)
+    )
+    config.write_text(f"cron:\n  max_concurrent: 100\n  jobs:\n{jobs}\n")
+    state = tmp_path / "state"
+    env = {**no_bus_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCHEDULER_SCRIPT, str(config), str(state), "3"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    for proc, (out, err) in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, err.decode()
+        assert out.strip() == b"done"
+    with open_runtime(Settings(), state, env) as rt:
+        rows = list(reversed(Ledger(rt.db).history(limit=10_000)))
+        sessions = rt.registry.list_sessions(include_finished=True)
+    cron_sessions = [s for s in sessions if s.owner.kind == "cron"]
+    owners = [s.owner.id for s in cron_sessions]
+    assert len(owners) == len(set(owners)), "a fire key ran twice"
+    ran = [r for r in rows if r.session_id]
+    assert len(ran) >= 3 * 2  # at least two seconds' worth of fires for each job
+    assert {r.fire_key for r in ran} == set(owners)
+    claimants = {r.claimant.split(":")[0] for r in ran if r.claimant}
+    assert len(claimants) >= 1
+    assert all(r.status is Status.DONE for r in rows)
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+
+def dispatch(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_cron_run_cli(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "cron:\n  jobs:\n"
+        "    - id: seven\n      schedule: '@daily'\n      command: [sh, -c, 'echo out; exit 7']\n"
+        "    - id: ok\n      every: 1h\n      command: [sh, -c, 'exit 0']\n"
+    )
+    env = {**no_bus_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    base = ["--config", str(config), "--state-dir", str(tmp_path / "state")]
+    waited = dispatch(*base, "cron", "run", "seven", "--wait", env=env)
+    assert waited.returncode == 7, waited.stderr
+    assert waited.stdout.strip().startswith("s_")
+    started = dispatch(*base, "cron", "run", "ok", env=env)
+    assert started.returncode == 0, started.stderr
+    session_id = started.stdout.strip()
+    assert session_id.startswith("s_") and "\n" not in session_id
+
+    def settled() -> list[dict[str, Any]] | None:
+        history = dispatch(*base, "cron", "history", "--json", env=env)
+        assert history.returncode == 0, history.stderr
+        rows = json.loads(history.stdout)
+        return rows if rows[0]["outcome"] == "completed" else None
+
+    rows = wait_for(settled, timeout=20, interval=0.2, what="manual run settled by history")
+    assert [r["job_id"] for r in rows] == ["ok", "seven"]
+    assert rows[0]["session_id"] == session_id
+    assert rows[1]["outcome"] == "failed" and rows[1]["exit_code"] == 7
+    for row in rows:
+        assert set(row) >= {
+            "job_id",
+            "fire_key",
+            "nominal",
+            "actual",
+            "outcome",
+            "placement",
+            "session_id",
+            "exit_code",
+            "started_at",
+            "ended_at",
+            "error",
+        }
+        assert row["fire_key"].startswith(f"{row['job_id']}@run:")
+        assert row["placement"] == "in_process"
+        assert dt.datetime.fromisoformat(row["started_at"]).utcoffset() is not None
+    unknown = dispatch(*base, "cron", "run", "nosuch", env=env)
+    assert unknown.returncode == 2
+    assert len(unknown.stderr.strip().splitlines()) == 1
+
+
+# -- the real-systemd tier -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["degrade", "fail-closed"])
+def test_degrade_vs_fail_closed_when_the_manager_vanishes(
+    systemd_manager, tmp_path, strict, caplog
+):
+    # INVOCATION_ID makes the scheduler a caller inside a unit whose stop kills its children:
+    # the row of the placement table where cron degrades or, strictly, refuses.
+    env = {**systemd_manager.env, "INVOCATION_ID": "0123456789abcdef", "HOME": str(tmp_path)}
+    job = CronJob(id="tick", schedule="*/5 * * * *", command=("sh", "-c", "exit 0"))
+    rig = Rig(
+        tmp_path,
+        job,
+        environ=env,
+        clock=FakeClock(T0),
+        require_restart_safe_scope=strict,
+    )
+    try:
+        rig.scheduler.tick()
+        rig.scheduler.tick(rig.at("2026-01-05T10:00:00"))
+        rig.settle_until(["completed"], timeout=20)
+        assert rig.rows()[0].placement == "scoped"
+        with systemd_manager.manager_unreachable(), caplog.at_level("WARNING", "dispatch.cron"):
+            rig.scheduler.tick(rig.at("2026-01-05T10:05:00"))
+            second = rig.rows()[1]
+            # The scoped attempt found the manager gone; the same slot was retried once.
+            assert any("retrying once" in r.getMessage() for r in caplog.records)
+            assert second.fire_key == "tick@2026-01-05T10:05:00"
+            if strict:
+                assert second.shown_outcome == "spawn_refused"
+                assert second.infrastructure is True
+                assert "require_restart_safe_scope" in (second.error or "")
+                assert second.session_id is None
+            else:
+                assert second.placement == "degraded"
+                rig.settle_until(["completed", "completed"], timeout=20)
+        sessions = rig.runtime.registry.list_sessions(include_finished=True)
+        assert len([s for s in sessions if s.owner.id == "tick@2026-01-05T10:05:00"]) == (
+            0 if strict else 1
+        )
+    finally:
+        rig.close()
