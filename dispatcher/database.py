@@ -16,6 +16,15 @@ def components() -> list[Component]:
     found: list[Component] = []
     # Later issues append their components here (registry sessions/events, cron ledger,
     # kanban board).
+    from registry.store import COMPONENT as REGISTRY_COMPONENT
+
+    found.append(REGISTRY_COMPONENT)
+    from dispatcher.kanban.schema import COMPONENT as KANBAN_COMPONENT
+
+    found.append(KANBAN_COMPONENT)
+    from dispatcher.cron.ledger import COMPONENT as CRON_COMPONENT
+
+    found.append(CRON_COMPONENT)
     return found
 
 

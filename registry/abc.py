@@ -101,9 +101,14 @@ class Session:
     ``"keeper vanished without an exit record"``, ``"No such file or directory: 'nosuch'"``)."""
     total_bytes: int = 0
     """Bytes the worker wrote in all (including any dropped beyond the log cap)."""
+    dropped_bytes: int = 0
+    """Bytes the worker wrote that are not in the log (beyond the log cap, or lost to a full
+    disk)."""
     timeout: float | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     """Free-form caller data stored with the session (card id, job id, ...)."""
+    warning: str | None = None
+    """Why the placement is ``degraded`` (cause and remedy), else None."""
 
     @property
     def finished(self) -> bool:

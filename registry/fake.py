@@ -95,10 +95,12 @@ class FakeRegistry(Registry):
     def spawn(self, request: SpawnRequest) -> Session:
         if self.spawn_errors:
             raise self.spawn_errors.pop(0)
-        placement, unit = Placement.IN_PROCESS, None
+        placement, unit, warning = Placement.IN_PROCESS, None, None
         if self.scoper is not None:
             decision = self.scoper.decide(request.caller, wants_isolation=request.wants_isolation)
             placement = decision.placement
+            if decision.warn:
+                warning = f"{decision.cause}; {decision.remedy}"
         sid = "s_" + secrets.token_hex(6)
         if placement is Placement.SCOPED:
             unit = "-".join(("dispatch", request.caller.value, *request.unit_parts, sid)) + ".scope"
@@ -121,6 +123,7 @@ class FakeRegistry(Registry):
             completion_reason=f"No such file or directory: {argv[0]!r}" if failed else None,
             timeout=request.timeout,
             labels=dict(request.labels),
+            warning=warning,
         )
         with self._cond:
             self.sessions[sid] = session

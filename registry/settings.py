@@ -27,6 +27,12 @@ class RegistrySettings:
         kind=Duration(min=0),
         doc="Seconds between SIGTERM and SIGKILL when killing a session.",
     )
+    drain_time: float = setting(
+        5.0,
+        kind=Duration(min=0),
+        doc="After the worker exits, how long its keeper keeps capturing output that "
+        "descendants still write (the exit is recorded at once; this only bounds the capture).",
+    )
     finished_ttl: float = setting(
         7 * 86400.0,
         kind=Duration(min=0),

@@ -1,4 +1,9 @@
-"""`dispatch kill`: Kill a session (scope stop or process-group SIGTERM, grace, SIGKILL)."""
+"""`dispatch kill`: stop a session and everything it started.
+
+Scoped sessions: the scope is stopped. Otherwise the worker's process group gets SIGTERM, then
+SIGKILL after the grace (``--grace``, default ``registry.kill_grace``), and nothing may survive.
+Killing a session that already finished succeeds and changes nothing.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,41 @@ import argparse
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from scope.errors import DispatchError
+from dispatcher.cli.ps_cmd import describe_end, session_json
+from dispatcher.cli.wait_cmd import duration_arg
+from dispatcher.runtime import runtime_from_context
 
+DESCRIPTION = (
+    "Stop a session and everything it started: a scoped session's scope is stopped; otherwise "
+    "the worker's process group gets SIGTERM, then SIGKILL after the grace (--grace, default "
+    "registry.kill_grace), and nothing may survive (exit 1 if something does). Killing a "
+    "session that already finished succeeds and changes nothing."
+)
 HELP = "Kill a session (scope stop or process-group SIGTERM, grace, SIGKILL)."
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
-    """Add the `kill` group."""
-    parser = add_group(subparsers, "kill", common, help=HELP)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    """Add the `kill` command."""
+    parser = add_group(subparsers, "kill", common, help=HELP, description=DESCRIPTION)
+    parser.add_argument("id", help="session id or a unique prefix (at least 4 characters)")
+    parser.add_argument(
+        "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL (default: config)"
+    )
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Not built yet."""
-    raise DispatchError("'dispatch kill' is not available in this build yet")
+    """Kill and report the final state; exit 1 when something survived."""
+    grace = duration_arg(args.grace, "--grace")
+    runtime = runtime_from_context(ctx)
+    session = runtime.registry.resolve(args.id)
+    was_running = not session.finished
+    snapshot = runtime.registry.kill(session.id, grace=grace, reason="killed by dispatch kill")
+    final = snapshot.session
+    if ctx.json:
+        ctx.emit_json(session_json(final))
+    elif was_running:
+        ctx.out(f"{final.id} {final.state.value} ({describe_end(final)})")
+    else:
+        ctx.out(f"{final.id} had already finished: {final.state.value} ({describe_end(final)})")
+    return 0

@@ -1,23 +1,140 @@
-"""`dispatch run`: Start a command as a registry session (argv after --)."""
+"""`dispatch run`: start a command as a registry session.
+
+``dispatch run [--pty] [--cwd DIR] [--wait [--timeout S]] [--follow] [--shell] -- CMD ARGS...``
+
+Prints the session id as the only line on stdout (``--json``: the session as JSON), then exits.
+``--wait`` waits for the worker and passes its result through as the exit status (its exit
+code, 128+N for signal N, 127 ``failed_start``, 124 when ``--timeout`` elapsed first, 130 on
+Ctrl-C; in the last two cases the worker keeps running). ``--follow`` streams the output to
+stdout instead of printing the id (the id goes to stderr) and exits like ``--wait``. The argv is
+never given to a shell unless ``--shell`` is set, in which case CMD is one string for /bin/sh -c.
+"""
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 
 from dispatcher.cli.context import Context
+from dispatcher.cli.logs_cmd import stream
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from scope.errors import DispatchError
+from dispatcher.cli.ps_cmd import session_json
+from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, report
+from dispatcher.runtime import runtime_from_context
+from registry.abc import Owner, SpawnRequest, WaitOutcome
+from scope.abc import CallerKind
+from scope.errors import UsageError
 
 HELP = "Start a command as a registry session (argv after --)."
+DESCRIPTION = (
+    "Start CMD ARGS (after --) as a registry session and print its id as the only stdout line. "
+    "--wait waits and exits with the worker's result: its exit code, 128+N for signal N, 127 "
+    "failed_start, 124 when --timeout elapsed first, 130 on Ctrl-C (the worker keeps running "
+    "in the last two cases). --follow streams the output instead of printing the id (the id "
+    "goes to stderr) and exits like --wait. Nothing goes through a shell unless --shell is "
+    "given; then CMD is one string run by /bin/sh -c."
+)
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
-    """Add the `run` group."""
-    parser = add_group(subparsers, "run", common, help=HELP)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    """Add the `run` command."""
+    parser = add_group(
+        subparsers,
+        "run",
+        common,
+        help=HELP,
+        description=DESCRIPTION,
+    )
+    parser.add_argument("--pty", action="store_true", help="run on a pseudo-terminal")
+    parser.add_argument("--cwd", metavar="DIR", help="working directory (default: the current)")
+    parser.add_argument(
+        "--wait", action="store_true", help="wait for the worker; exit with its result"
+    )
+    parser.add_argument(
+        "--timeout", metavar="S", help="with --wait/--follow: stop waiting after S (exit 124)"
+    )
+    parser.add_argument(
+        "--follow", action="store_true", help="stream the output; exit with the result"
+    )
+    parser.add_argument("--shell", action="store_true", help="CMD is one string run by /bin/sh -c")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     parser.set_defaults(handler=handle)
 
 
+def _command(args: argparse.Namespace) -> list[str] | str:
+    words = list(args.command)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise UsageError("no command given", remedy="usage: dispatch run [options] -- CMD ARGS...")
+    if args.shell:
+        if len(words) != 1:
+            raise UsageError(
+                f"--shell takes the command as one string, got {len(words)} words",
+                remedy="quote it: dispatch run --shell -- 'cmd | other'",
+            )
+        return words[0]
+    return words
+
+
+def _owner() -> Owner:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return Owner(kind="cli", id=f"{user}:{os.getpid()}")
+
+
 def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Not built yet."""
-    raise DispatchError("'dispatch run' is not available in this build yet")
+    """Spawn, then print the id, wait or follow."""
+    command = _command(args)
+    timeout = duration_arg(args.timeout)
+    if timeout is not None and not (args.wait or args.follow):
+        raise UsageError("--timeout needs --wait or --follow")
+    cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
+    runtime = runtime_from_context(
+        ctx, caller_kind=CallerKind.CLI, follow=bool(args.wait or args.follow)
+    )
+    registry = runtime.registry
+    session = registry.spawn(
+        SpawnRequest(
+            argv=command,
+            cwd=cwd,
+            env=ctx.environ,
+            owner=_owner(),
+            caller=CallerKind.CLI,
+            pty=args.pty,
+            shell=args.shell,
+        )
+    )
+    if session.warning:
+        ctx.warn(session.warning)
+    if args.follow:
+        ctx.warn(f"session {session.id}")
+    elif not ctx.json:
+        ctx.out(session.id)
+        ctx.stdout.flush()
+    if not (args.wait or args.follow):
+        if ctx.json:
+            ctx.emit_json(session_json(session))
+        return 0
+    if args.follow:
+        followed = stream(ctx, registry, session, 0, timeout=timeout)
+        if followed is None:
+            ctx.warn(f"{session.id} still running after {args.timeout}; it keeps running")
+            return EXIT_TIMEOUT
+        final = followed
+    else:
+        result = registry.wait(session.id, timeout=timeout)
+        final = result.snapshot.session
+        if result.outcome is WaitOutcome.TIMEOUT:
+            if ctx.json:
+                ctx.emit_json({**session_json(final), "outcome": result.outcome.value})
+            ctx.warn(f"{session.id} still running after {args.timeout}; it keeps running")
+            return EXIT_TIMEOUT
+    if ctx.json:
+        ctx.emit_json(session_json(final))
+    else:
+        report(ctx, final)
+    return exit_status(final)

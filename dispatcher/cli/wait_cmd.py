@@ -1,23 +1,94 @@
-"""`dispatch wait`: Wait for a session to finish; exit with its result."""
+"""`dispatch wait`: wait for a session to finish and exit with its result.
+
+Exit status: the worker's exit code, 128+N when it died of signal N, 127 for ``failed_start``,
+1 for ``lost``, 124 when ``--timeout`` elapsed first and 130 on Ctrl-C (in both cases the worker
+keeps running).
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from scope.errors import DispatchError
+from dispatcher.cli.ps_cmd import describe_end, session_json
+from dispatcher.runtime import runtime_from_context
+from registry.abc import Session, SessionState, WaitOutcome
+from scope.errors import UsageError
+from scope.schema import Invalid, parse_duration
 
 HELP = "Wait for a session to finish; exit with its result."
 
+EXIT_TIMEOUT = 124
+EXIT_FAILED_START = 127
+EXIT_LOST = 1
+
 
 def register(subparsers: Subparsers, common: Parser) -> None:
-    """Add the `wait` group."""
-    parser = add_group(subparsers, "wait", common, help=HELP)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    """Add the `wait` command."""
+    parser = add_group(
+        subparsers,
+        "wait",
+        common,
+        help=HELP,
+        description="Wait for a session to finish and exit with its result: its exit code, "
+        "128+N for signal N, 127 failed_start, 124 when --timeout elapsed (the worker keeps "
+        "running), 130 on Ctrl-C.",
+    )
+    parser.add_argument("id", help="session id or a unique prefix (at least 4 characters)")
+    parser.add_argument(
+        "--timeout", metavar="S", help="give up after this long (seconds or 30s, 5m ...)"
+    )
     parser.set_defaults(handler=handle)
 
 
+def duration_arg(value: str | None, flag: str = "--timeout") -> float | None:
+    """A duration flag's value in seconds (None when absent); bad values are usage errors."""
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except Invalid as err:
+        raise UsageError(f"{flag} {value!r}: {err.problem}") from None
+
+
+def exit_status(session: Session) -> int:
+    """The shell exit status that passes a finished session's result through."""
+    if session.state is SessionState.FAILED_START:
+        return EXIT_FAILED_START
+    if session.signal:
+        try:
+            return 128 + int(signal.Signals[session.signal])
+        except KeyError:
+            return 128
+    if session.exit_code is not None:
+        return session.exit_code
+    return EXIT_LOST
+
+
+def report(ctx: Context, session: Session) -> None:
+    """One stderr line for sessions that did not simply exit 0."""
+    if session.state is SessionState.EXITED and session.exit_code == 0:
+        return
+    ctx.warn(
+        f"{session.id} {session.state.value} ({describe_end(session)}): "
+        f"{session.completion_reason or ''}".rstrip(": ")
+    )
+
+
 def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Not built yet."""
-    raise DispatchError("'dispatch wait' is not available in this build yet")
+    """Wait, then exit with the session's result."""
+    timeout = duration_arg(args.timeout)
+    runtime = runtime_from_context(ctx)
+    session = runtime.registry.resolve(args.id)
+    result = runtime.registry.wait(session.id, timeout=timeout)
+    final = result.snapshot.session
+    if ctx.json:
+        ctx.emit_json({**session_json(final), "outcome": result.outcome.value})
+    if result.outcome is WaitOutcome.TIMEOUT:
+        ctx.warn(f"{final.id} still running after {args.timeout}; it keeps running")
+        return EXIT_TIMEOUT
+    if not ctx.json:
+        report(ctx, final)
+    return exit_status(final)

@@ -1,0 +1,922 @@
+"""The keeper: one small process per session that owns a worker's output and writes its end.
+
+Run as ``<python> -I -S registry/keeper.py <spec.json>`` (never imported by the registry). It
+lives in the worker's scope, so the worker's output and exit status survive whoever launched
+it. What it does, in order:
+
+1. honours the scope gate (``DISPATCH_SCOPE_GATE_FD``: read one byte; ``b"1"`` = go, anything
+   else or EOF = exit at once, before touching anything);
+2. ``setsid``; ignores SIGPIPE, SIGXFSZ and (until its handler is up) SIGHUP, so neither the
+   launcher going away nor a full disk can kill it;
+3. starts the worker in its own process group (pipe mode) or on a new PTY (PTY mode, where the
+   worker leads its own session); a worker that cannot start yields an exit record with state
+   ``failed_start`` and the reason;
+4. appends every output byte to ``output.log`` (head kept up to the cap, the rest counted and
+   dropped behind one marker line; bytes lost to a full disk are counted and marked when the
+   disk accepts writes again);
+5. forwards SIGTERM/SIGINT/SIGHUP to the worker's group and enforces the session timeout itself
+   (SIGTERM, grace, SIGKILL; inside its own scope also every other pid of its cgroup);
+6. writes ``exit.json`` (temp + fsync + rename, space reserved at start so a full disk cannot
+   stop it) as soon as the direct child exits, then keeps capturing what descendants still
+   write until EOF or the drain bound, and rewrites the record once more if bytes arrived.
+
+Start-up is a benchmark figure (against ``python -I -S -c pass``), so the imports are C modules
+only: ``posix`` rather than ``os`` (whose import pulls in several Python modules), ``_signal``
+rather than ``signal`` (which imports ``enum``) and ``_json``'s scanner and string encoder rather
+than ``json`` (which imports ``re``). The registry side reads and writes the same files with the
+ordinary modules (see :mod:`registry.sessiondir`).
+"""
+
+# contextlib.suppress would import contextlib (and collections, functools) into a process whose
+# start-up is measured; plain try/except is used instead.
+# ruff: noqa: SIM105
+
+from __future__ import annotations
+
+import _json
+import _signal
+import errno
+import posix
+import select
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is a slow import; annotations are strings (PEP 563) anyway
+    from typing import Any
+
+FORMAT = 1
+GATE_ENV = b"DISPATCH_SCOPE_GATE_FD"
+CHUNK = 256 * 1024
+"""Bytes per read() (PTY mode, or to count bytes the log cannot take)."""
+SPLICE_CHUNK = 1024 * 1024
+PIPE_SIZE = 1024 * 1024
+RESERVE = 4096
+"""Bytes reserved for the exit record at start (overwritten in place at the end)."""
+STDIN_BUFFER_MAX = 1024 * 1024
+DISK_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_ALIASES = {"SIGIOT", "SIGCLD", "SIGPOLL"}
+
+
+# -- JSON without the json package --------------------------------------------------------------
+
+
+class _ScanContext:
+    """What ``_json.make_scanner`` reads from a decoder object."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo: dict[str, str] = {}  # the scanner keeps its own memo
+
+    @staticmethod
+    def parse_constant(name: str) -> Any:
+        raise ValueError(f"unsupported JSON constant {name}")
+
+
+def loads(text: str) -> Any:
+    """Parse one JSON document (the spec)."""
+    scan = _json.make_scanner(_ScanContext())  # type: ignore[arg-type]
+    try:
+        value, end = scan(text, 0)
+    except (StopIteration, SystemError) as err:
+        # _json reports some malformed input without its Python-level error class loaded.
+        raise ValueError(f"malformed JSON ({type(err).__name__})") from None
+    if text[end:].strip():
+        raise ValueError("trailing data after the JSON document")
+    return value
+
+
+def dumps(value: Any) -> str:
+    """Encode None, bools, ints, finite floats, strings, lists and str-keyed dicts."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return (
+            repr(value) if value == value and value not in (float("inf"), -float("inf")) else "null"
+        )
+    if isinstance(value, str):
+        return str(_json.encode_basestring_ascii(value))
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(dumps(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{dumps(str(k))}:{dumps(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def signal_name(number: int) -> str:
+    """``SIGTERM`` for 15; realtime signals as ``SIGRTMIN+N``."""
+    for name in dir(_signal):
+        if (
+            name.startswith("SIG")
+            and not name.startswith(("SIG_", "SIGRT"))
+            and name not in _ALIASES
+            and getattr(_signal, name) == number
+        ):
+            return name
+    rtmin = getattr(_signal, "SIGRTMIN", 34)
+    if number >= rtmin:
+        return f"SIGRTMIN+{number - rtmin}"
+    return f"SIG{number}"
+
+
+def start_time(pid: int | str) -> int | None:
+    """Kernel start time (field 22 of /proc/PID/stat), None when the process is gone."""
+    try:
+        fd = posix.open(f"/proc/{pid}/stat", posix.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = posix.read(fd, 4096)
+    finally:
+        posix.close(fd)
+    return int(data[data.rindex(b")") + 2 :].split()[19])
+
+
+def write_all(fd: int, data: bytes) -> int:
+    """Write everything; returns the count written before an error (which is re-raised)."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        done += posix.write(fd, view[done:])
+    return done
+
+
+def write_atomic(path: str, text: str, *, sync: bool) -> None:
+    """temp + (fsync) + rename; the temp name is private to this keeper."""
+    tmp = f"{path}.tmp"
+    fd = posix.open(tmp, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o600)
+    try:
+        write_all(fd, text.encode())
+        if sync:
+            posix.fsync(fd)
+    finally:
+        posix.close(fd)
+    posix.rename(tmp, path)
+
+
+def reserve(path: str, size: int) -> int:
+    """Create ``path`` holding ``size`` allocated bytes; -1 when even that failed."""
+    try:
+        fd = posix.open(path, posix.O_RDWR | posix.O_CREAT | posix.O_TRUNC, 0o600)
+    except OSError:
+        return -1
+    try:
+        write_all(fd, b" " * size)
+    except OSError:
+        pass  # the disk is already full: the record may still fit later
+    return fd
+
+
+def fill_reserved(fd: int, tmp: str, path: str, data: bytes, *, sync: bool) -> None:
+    """Publish ``data`` as ``path``: overwrite the reserved ``tmp`` in place (no new blocks
+    needed), truncate, (fsync,) rename. Without a reservation, a plain atomic write."""
+    if fd < 0 or len(data) > RESERVE:
+        if fd >= 0:
+            posix.close(fd)
+        write_atomic(path, data.decode(), sync=sync)
+        return
+    try:
+        posix.lseek(fd, 0, 0)
+        write_all(fd, data)
+        posix.ftruncate(fd, len(data))
+        if sync:
+            posix.fsync(fd)
+    finally:
+        posix.close(fd)
+    posix.rename(tmp, path)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename in ``path`` durable (best effort)."""
+    try:
+        fd = posix.open(path, posix.O_RDONLY)
+    except OSError:
+        return
+    try:
+        posix.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        posix.close(fd)
+
+
+# -- the keeper ----------------------------------------------------------------------------------
+
+
+class Keeper:
+    """One session's keeper; :meth:`run` is the whole life of the process."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.argv: list[str] = [str(a) for a in spec["argv"]]
+        self.env: dict[str, str] = {str(k): str(v) for k, v in spec["env"].items()}
+        self.pty = bool(spec.get("pty"))
+        self.cap = int(spec["max_log_bytes"])
+        self.timeout: float | None = spec.get("timeout")
+        self.grace = float(spec.get("kill_grace", 2.0))
+        self.drain = float(spec.get("drain_time", 5.0))
+        self.dir = str(spec["dir"])
+        self.log_path = f"{self.dir}/output.log"
+        self.exit_path = f"{self.dir}/exit.json"
+        self.info_path = f"{self.dir}/keeper.json"
+        self.fifo_path = f"{self.dir}/stdin"
+        self.session = str(spec.get("session", ""))
+        self.ready_fd: int | None = spec.get("ready_fd")
+        # Counters of worker output.
+        self.total = 0
+        self.stored = 0
+        self.dropped = 0
+        self.disk_lost = 0
+        self.disk_marked = 0
+        self.cap_marked = False
+        # Process facts.
+        self.worker_pid = 0
+        self.worker_start: int | None = None
+        self.started_at = 0.0
+        self.finished_at: float | None = None
+        self.status: int | None = None
+        self.timed_out = False
+        self.timeout_signal: int | None = None
+        self.forwarded: list[str] = []
+        self.stop_requested = False
+        self.recorded_total = -1
+        # Descriptors.
+        self.log_fd = -1
+        self.log_pos = 0
+        self.splice = False
+        self.out_fd = -1
+        self.fifo_fd = -1
+        self.reserve_fd = -1
+        self.info_fd = -1
+        self.wake_r = -1
+        self.wake_w = -1
+        self.pending_stdin = b""
+
+    # -- start -----------------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Signals, log, reserved exit record, stdin FIFO; before the worker exists."""
+        for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGHUP):
+            _signal.signal(sig, _signal.SIG_IGN)
+        self.wake_r, self.wake_w = posix.pipe()
+        posix.set_blocking(self.wake_r, False)
+        posix.set_blocking(self.wake_w, False)
+        _signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        for sig in (_signal.SIGCHLD, _signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+            # The handler does nothing: the signal number arrives through the wakeup pipe, which
+            # also interrupts poll() (PEP 475 would otherwise resume it).
+            _signal.signal(sig, _noop)
+        # Not O_APPEND: splice() refuses append-mode targets. We are the log's only writer
+        # and keep the position ourselves.
+        self.log_fd = posix.open(self.log_path, posix.O_WRONLY | posix.O_CREAT, 0o600)
+        self.log_pos = self.stored = posix.fstat(self.log_fd).st_size
+        # The worker may fill the disk at once: both records get their space now.
+        self.reserve_fd = reserve(f"{self.exit_path}.tmp", RESERVE)
+        self.info_fd = reserve(f"{self.info_path}.tmp", RESERVE)
+        try:
+            self.fifo_fd = posix.open(self.fifo_path, posix.O_RDWR | posix.O_NONBLOCK)
+        except OSError:
+            self.fifo_fd = -1
+
+    def start_worker(self) -> str | None:
+        """Fork and exec the worker; returns the reason it could not start, else None."""
+        err_r, err_w = posix.pipe()
+        child_fds: list[int] = []
+        if self.pty:
+            import termios
+
+            master, slave = posix.openpty()
+            rows = int(self.spec.get("pty_rows") or 24)
+            cols = int(self.spec.get("pty_cols") or 80)
+            try:
+                termios.tcsetwinsize(slave, (rows, cols))
+            except (OSError, termios.error):
+                pass
+            self.out_fd, child_fds = master, [slave]
+        else:
+            out_r, out_w = posix.pipe()
+            _grow_pipe(out_r)
+            stdin_fd = self._worker_stdin()
+            self.out_fd, child_fds = out_r, [out_w, stdin_fd]
+            self.splice = hasattr(posix, "splice")
+        blocked = _signal.pthread_sigmask(_signal.SIG_BLOCK, _all_signals())
+        try:
+            pid = posix.fork()
+            if pid == 0:
+                self._child(err_w, child_fds)  # never returns
+            self.worker_pid = pid
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, blocked)
+        self.started_at = time.time()
+        if not self.pty:
+            try:
+                posix.setpgid(pid, pid)
+            except OSError:
+                pass  # the child did it first (or already exec'ed, which implies it did)
+        self.worker_start = start_time(pid)
+        for fd in (err_w, *child_fds):
+            posix.close(fd)
+        failure = _read_all(err_r)
+        posix.close(err_r)
+        posix.set_blocking(self.out_fd, False)
+        if failure:
+            _, status = posix.waitpid(pid, 0)
+            self.status = status
+            self.finished_at = time.time()
+            return _describe_failure(failure, self.argv[0], str(self.spec["cwd"]))
+        return None
+
+    def _worker_stdin(self) -> int:
+        """Pipe mode: the worker reads the FIFO itself (the keeper's O_RDWR handle keeps a
+        writer open, so the worker never sees EOF and writers from any process reach it)."""
+        if self.fifo_fd < 0:
+            return posix.open("/dev/null", posix.O_RDONLY)
+        fd = posix.open(self.fifo_path, posix.O_RDONLY | posix.O_NONBLOCK)
+        posix.set_blocking(fd, True)
+        return fd
+
+    def _child(self, err_w: int, fds: list[int]) -> None:
+        """In the forked child: become the worker, or report why not and exit 127."""
+        try:
+            for sig in (
+                _signal.SIGPIPE,
+                _signal.SIGXFSZ,
+                _signal.SIGHUP,
+                _signal.SIGCHLD,
+                _signal.SIGTERM,
+                _signal.SIGINT,
+            ):
+                _signal.signal(sig, _signal.SIG_DFL)
+            _signal.set_wakeup_fd(-1)
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+            if self.pty:
+                posix.login_tty(fds[0])
+            else:
+                posix.setpgid(0, 0)
+                posix.dup2(fds[1], 0)
+                posix.dup2(fds[0], 1)
+                posix.dup2(fds[0], 2)
+            try:
+                posix.chdir(str(self.spec["cwd"]))
+            except OSError as err:
+                posix.write(err_w, f"cwd:{err.errno}".encode())
+                posix._exit(127)
+            err_no = _exec_search(self.argv, self.env)
+            posix.write(err_w, f"exec:{err_no}".encode())
+        except BaseException as err:  # nothing may escape a forked child
+            try:
+                posix.write(err_w, f"other:{type(err).__name__}: {err}".encode())
+            except BaseException:  # noqa: S110
+                pass
+        posix._exit(127)
+
+    def publish_start(self) -> None:
+        """keeper.json: who runs (written once the worker runs)."""
+        info = {
+            "version": FORMAT,
+            "session": self.session,
+            "keeper_pid": posix.getpid(),
+            "keeper_start": start_time("self"),
+            "worker_pid": self.worker_pid,
+            "worker_start": self.worker_start,
+            "started_at": self.started_at,
+            "pty": self.pty,
+        }
+        data = dumps(info).encode()
+        fd, self.info_fd = self.info_fd, -1
+        try:
+            fill_reserved(fd, f"{self.info_path}.tmp", self.info_path, data, sync=False)
+        except OSError:
+            pass  # no keeper.json: the registry still has our pid and finds the worker by marker
+
+    def discard_info(self) -> None:
+        """No worker runs: drop the space reserved for keeper.json."""
+        if self.info_fd >= 0:
+            posix.close(self.info_fd)
+            self.info_fd = -1
+            try:
+                posix.unlink(f"{self.info_path}.tmp")
+            except OSError:
+                pass
+
+    def signal_ready(self) -> None:
+        """Tell the launcher (if it gave us a pipe) that keeper.json or exit.json exists."""
+        if self.ready_fd is None:
+            return
+        try:
+            posix.write(self.ready_fd, b"1")
+        except OSError:
+            pass
+        try:
+            posix.close(self.ready_fd)
+        except OSError:
+            pass
+        self.ready_fd = None
+
+    # -- output ----------------------------------------------------------------------------------
+
+    def store(self, data: bytes) -> None:
+        """Append worker output to the log under the cap; count what cannot be kept."""
+        self.total += len(data)
+        if self.disk_lost > self.disk_marked:
+            self._mark_disk_loss()
+        room = self.cap - self.stored
+        keep = data if len(data) <= room else data[: max(room, 0)]
+        if keep:
+            self.stored += self._append(keep)
+        if len(keep) < len(data):
+            self.dropped += len(data) - len(keep)
+            if not self.cap_marked:
+                self.cap_marked = True
+                marker = (
+                    f"\n[dispatch: log cap of {self.cap} bytes reached; later output is "
+                    "counted and dropped]\n"
+                )
+                self._append(marker.encode(), count_loss=False)
+
+    def _append(self, data: bytes, *, count_loss: bool = True) -> int:
+        """Write to the log; on a full disk count the loss and return what got through."""
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            try:
+                wrote = posix.pwrite(self.log_fd, view[done:], self.log_pos)
+                done += wrote
+                self.log_pos += wrote
+            except OSError as err:
+                if err.errno not in DISK_ERRORS:
+                    raise
+                if count_loss:
+                    self.disk_lost += len(view) - done
+                break
+        return done
+
+    def _mark_disk_loss(self) -> None:
+        lost = self.disk_lost - self.disk_marked
+        marker = f"\n[dispatch: {lost} bytes of output lost: the disk was full]\n".encode()
+        if self._append(marker, count_loss=False) == len(marker):
+            self.disk_marked = self.disk_lost
+
+    def read_output(self, limit: int = 1 << 62) -> bool:
+        """Capture what is available (up to ``limit`` bytes); False once the output hit EOF."""
+        got = 0
+        while got < limit:
+            if self.splice and self.cap > self.stored and not self.disk_lost > self.disk_marked:
+                moved = self._splice(min(SPLICE_CHUNK, self.cap - self.stored))
+                if moved is None:
+                    return True
+                if moved > 0:
+                    got += moved
+                    continue
+                if moved == 0:
+                    return False
+                # moved < 0: the log refused (full disk); read the bytes to count them
+            try:
+                data = posix.read(self.out_fd, CHUNK)
+            except BlockingIOError:
+                return True
+            except OSError as err:
+                if err.errno == errno.EIO:  # PTY: every slave handle is closed
+                    return False
+                raise
+            if not data:
+                return False
+            got += len(data)
+            self.store(data)
+        return True
+
+    def _splice(self, count: int) -> int | None:
+        """Move pipe bytes into the log in the kernel (pipe mode): the count, 0 at EOF, None
+        when nothing is there now, -1 when the log cannot take them (the caller reads)."""
+        try:
+            moved = posix.splice(
+                self.out_fd,
+                self.log_fd,
+                count,
+                offset_dst=self.log_pos,
+                flags=posix.SPLICE_F_MOVE | posix.SPLICE_F_NONBLOCK,
+            )
+        except BlockingIOError:
+            return None
+        except OSError as err:
+            if err.errno in DISK_ERRORS:
+                return -1
+            if err.errno == errno.EINVAL:
+                self.splice = False  # a filesystem without splice support: plain copies
+                return -1
+            raise
+        self.total += moved
+        self.stored += moved
+        self.log_pos += moved
+        return moved
+
+    # -- signals -----------------------------------------------------------------------------
+
+    def take_signals(self) -> list[int]:
+        """Signal numbers that arrived since the last call."""
+        got: list[int] = []
+        while True:
+            try:
+                data = posix.read(self.wake_r, 256)
+            except BlockingIOError:
+                return got
+            if not data:
+                return got
+            got.extend(data)
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the worker's process group (its pid is the group id in both modes).
+
+        Once the worker is reaped its pid may belong to a stranger: then the group is only
+        signalled while no process holds that pid (a group id cannot be reused while the
+        group has members, and a free pid cannot lead a group)."""
+        current = start_time(self.worker_pid)
+        if current is not None and current != self.worker_start:
+            return
+        try:
+            posix.killpg(self.worker_pid, sig)
+        except OSError:
+            pass
+
+    def signal_cgroup(self, sig: int) -> None:
+        """Inside our own scope: signal every other process of its cgroup."""
+        for pid in _own_scope_pids(self.session):
+            if pid == posix.getpid():
+                continue
+            try:
+                pidfd = posix.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                # The pidfd pins the process; re-check membership so a reused pid is not hit.
+                if pid in _own_scope_pids(self.session):
+                    _signal.pidfd_send_signal(pidfd, sig)
+            except OSError:
+                pass
+            finally:
+                posix.close(pidfd)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Capture until the worker ended and the output drained; write the record."""
+        mono = time.monotonic
+        deadline = None if self.timeout is None else mono() + float(self.timeout)
+        escalate_at: float | None = None
+        drain_until: float | None = None
+        output_open = True
+        out_mask = select.POLLIN
+        poller = select.poll()
+        poller.register(self.out_fd, out_mask)
+        poller.register(self.wake_r, select.POLLIN)
+        if self.pty and self.fifo_fd >= 0:
+            poller.register(self.fifo_fd, select.POLLIN)
+        while True:
+            now = mono()
+            waits = [t for t in (deadline, escalate_at, drain_until) if t is not None]
+            wait_ms = -1 if not waits else max(0, int((min(waits) - now) * 1000) + 1)
+            if self.status is None:
+                # A SIGCHLD is never lost (the wakeup pipe), but re-check now and then anyway.
+                wait_ms = 1000 if wait_ms < 0 else min(wait_ms, 1000)
+            for fd, event in poller.poll(wait_ms):
+                if fd == self.wake_r:
+                    for sig in self.take_signals():
+                        self.on_signal(sig)
+                elif fd == self.fifo_fd:
+                    self.take_stdin(poller)
+                elif fd == self.out_fd and output_open:
+                    if event & select.POLLOUT:
+                        self.flush_stdin(poller)
+                    if event & ~select.POLLOUT and not self.read_output(CHUNK * 4):
+                        output_open = False
+                        poller.unregister(self.out_fd)
+            if self.pty and output_open:
+                wanted = select.POLLIN | (select.POLLOUT if self.pending_stdin else 0)
+                if wanted != out_mask:
+                    out_mask = wanted
+                    poller.modify(self.out_fd, out_mask)
+            if self.status is None:
+                self.reap()
+                if self.status is not None:
+                    if output_open:
+                        # What the worker wrote before exiting is in the pipe now: take it all
+                        # (bounded, in case a descendant keeps writing) before the record.
+                        output_open = self.read_output(CHUNK * 64)
+                        if not output_open:
+                            poller.unregister(self.out_fd)
+                    self.write_record()
+                    self.close_stdin(poller)
+                    drain_until = mono() + (0.2 if self.stop_requested else self.drain)
+                    deadline = None  # a timeout kill in progress still escalates
+            now = mono()
+            if escalate_at is not None and now >= escalate_at:
+                self.timeout_signal = _signal.SIGKILL
+                self.signal_group(_signal.SIGKILL)
+                self.signal_cgroup(_signal.SIGKILL)
+                escalate_at = None
+            if self.status is not None:
+                if escalate_at is None and (
+                    not output_open or (drain_until is not None and now >= drain_until)
+                ):
+                    break
+                if self.stop_requested and drain_until is not None:
+                    drain_until = min(drain_until, now + 0.2)
+                continue
+            if deadline is not None and now >= deadline:
+                self.timed_out = True
+                self.timeout_signal = _signal.SIGTERM
+                self.signal_group(_signal.SIGTERM)
+                self.signal_cgroup(_signal.SIGTERM)
+                escalate_at = now + self.grace
+                deadline = None
+        if self.total != self.recorded_total:
+            try:
+                self.write_record(final=True)
+            except OSError:
+                pass  # the first record stands
+        return 0
+
+    def on_signal(self, sig: int) -> None:
+        """SIGCHLD: handled by reap(); the stop signals are forwarded to the worker's group."""
+        if sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+            self.forwarded.append(signal_name(sig))
+            if sig != _signal.SIGHUP:
+                self.stop_requested = True
+            if self.status is None:
+                self.signal_group(sig)
+
+    def reap(self) -> None:
+        """Collect the worker's status if it ended (never blocks)."""
+        try:
+            pid, status = posix.waitpid(self.worker_pid, posix.WNOHANG)
+        except ChildProcessError:
+            pid, status = self.worker_pid, 0
+        if pid == self.worker_pid:
+            self.status = status
+            self.finished_at = time.time()
+
+    def take_stdin(self, poller: select.poll) -> None:
+        """PTY mode: FIFO bytes are buffered for the PTY master (the FIFO pauses when full)."""
+        try:
+            data = posix.read(self.fifo_fd, 65536)
+        except BlockingIOError:
+            return
+        self.pending_stdin += data
+        if len(self.pending_stdin) >= STDIN_BUFFER_MAX:
+            poller.unregister(self.fifo_fd)
+        self.flush_stdin(poller)
+
+    def flush_stdin(self, poller: select.poll) -> None:
+        """Write buffered stdin to the PTY master as far as it accepts it now."""
+        if not self.pending_stdin:
+            return
+        was_full = len(self.pending_stdin) >= STDIN_BUFFER_MAX
+        try:
+            sent = posix.write(self.out_fd, self.pending_stdin)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            sent = len(self.pending_stdin)  # the terminal is gone: nobody will read it
+        self.pending_stdin = self.pending_stdin[sent:]
+        if was_full and len(self.pending_stdin) < STDIN_BUFFER_MAX and self.fifo_fd >= 0:
+            poller.register(self.fifo_fd, select.POLLIN)
+
+    def close_stdin(self, poller: select.poll) -> None:
+        """The worker is gone: writers to the FIFO get ENXIO from now on."""
+        if self.fifo_fd >= 0:
+            try:
+                poller.unregister(self.fifo_fd)
+            except KeyError:
+                pass
+            posix.close(self.fifo_fd)
+            self.fifo_fd = -1
+        self.pending_stdin = b""
+
+    # -- the record ------------------------------------------------------------------------------
+
+    def record(self, *, state: str | None = None, reason: str | None = None) -> dict[str, Any]:
+        """The exit record as a dict (see registry.sessiondir.ExitRecord)."""
+        status = self.status if self.status is not None else 0
+        code: int | None = None
+        sig: int | None = None
+        if posix.WIFSIGNALED(status):
+            sig = posix.WTERMSIG(status)
+        else:
+            code = posix.WEXITSTATUS(status)
+        if state is None:
+            state = "timed_out" if self.timed_out else "exited"
+        elif state == "failed_start":
+            code = None  # the 127 is our child's, not a worker's exit code
+        if reason is None:
+            ended = (
+                f"killed by {signal_name(sig)}" if sig is not None else f"exited with code {code}"
+            )
+            if self.timed_out:
+                reason = f"timed out after {_seconds(self.timeout)}; {ended}"
+            else:
+                reason = ended
+        return {
+            "version": FORMAT,
+            "session": self.session,
+            "state": state,
+            "exit_code": code,
+            "signal": signal_name(sig) if sig is not None else None,
+            "signal_number": sig,
+            "reason": reason,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "written_at": time.time(),
+            "total_bytes": self.total,
+            "dropped_bytes": self.dropped + self.disk_lost,
+            "disk_lost_bytes": self.disk_lost,
+            "forwarded_signals": self.forwarded,
+            "timeout_signal": signal_name(self.timeout_signal) if self.timeout_signal else None,
+            "worker_pid": self.worker_pid,
+            "worker_start": self.worker_start,
+            "keeper_pid": posix.getpid(),
+            "writer": "keeper",
+        }
+
+    def write_record(self, *, final: bool = False, **fields: Any) -> None:
+        """Write exit.json durably; the first write uses the space reserved at start."""
+        record = self.record(**fields)
+        record["final"] = final
+        data = dumps(record).encode()
+        fd, self.reserve_fd = self.reserve_fd, -1
+        fill_reserved(fd, f"{self.exit_path}.tmp", self.exit_path, data, sync=True)
+        fsync_dir(self.dir)
+        self.recorded_total = self.total
+
+
+def _grow_pipe(fd: int) -> None:
+    """A 1 MiB pipe: fewer wake-ups for a fast writer (best effort)."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ (Linux)
+    except (ImportError, OSError):
+        pass
+
+
+def _noop(signum: int, frame: object) -> None:
+    """A Python-level handler so the C handler writes the signal to the wakeup pipe."""
+
+
+def _all_signals() -> set[int]:
+    return set(_signal.valid_signals()) - {_signal.SIGKILL, _signal.SIGSTOP}
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        data = posix.read(fd, 4096)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{int(value)}s" if float(value).is_integer() else f"{value:g}s"
+
+
+def _exec_search(argv: list[str], env: dict[str, str]) -> int:
+    """execve ``argv`` found like execvp would; returns the errno when every try failed."""
+    program = argv[0]
+    if "/" in program:
+        candidates = [program]
+    else:
+        path = env.get("PATH", DEFAULT_PATH)
+        candidates = [f"{d or '.'}/{program}" for d in path.split(":")]
+    saved = errno.ENOENT
+    for candidate in candidates:
+        try:
+            posix.execve(candidate, argv, env)
+        except OSError as err:
+            if err.errno not in (errno.ENOENT, errno.ENOTDIR):
+                saved = err.errno or saved
+    return saved
+
+
+def _describe_failure(report: bytes, program: str, cwd: str) -> str:
+    kind, _, detail = report.decode(errors="replace").partition(":")
+    if kind in ("exec", "cwd") and detail.isdigit():
+        message = posix.strerror(int(detail))
+        if kind == "cwd":
+            return f"cannot change to the working directory {cwd!r}: {message}"
+        return f"cannot run {program!r}: {message}"
+    return f"cannot start the worker: {detail}"
+
+
+def _cgroup2_mount() -> str | None:
+    try:
+        fd = posix.open("/proc/self/mountinfo", posix.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        text = _read_all(fd).decode(errors="replace")
+    finally:
+        posix.close(fd)
+    found = None
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if sep and right.split(" ", 1)[0] == "cgroup2":
+            fields = left.split()
+            if len(fields) > 4 and fields[3] == "/":
+                found = fields[4].replace("\\040", " ")
+    return found
+
+
+def _own_scope_pids(session: str) -> list[int]:
+    """Pids of our cgroup when it is our own scope (its name carries the session id)."""
+    try:
+        fd = posix.open("/proc/self/cgroup", posix.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        text = _read_all(fd).decode(errors="replace")
+    finally:
+        posix.close(fd)
+    path = next((line[3:] for line in text.splitlines() if line.startswith("0::")), "")
+    leaf = path.rsplit("/", 1)[-1]
+    token = session.removeprefix("s_")
+    if not (leaf.endswith(".scope") and token and token in leaf):
+        return []
+    mount = _cgroup2_mount()
+    if mount is None:
+        return []
+    try:
+        fd = posix.open(f"{mount}{path}/cgroup.procs", posix.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        return [int(x) for x in _read_all(fd).split()]
+    finally:
+        posix.close(fd)
+
+
+def _gate() -> bool:
+    """The scope gate: True to go on; False means exit now (see scope/abc.py)."""
+    value = posix.environ.get(GATE_ENV)
+    if value is None:
+        return True
+    try:
+        fd = int(value)
+    except ValueError:
+        return False
+    try:
+        byte = posix.read(fd, 1)
+    except OSError:
+        return False
+    try:
+        posix.close(fd)
+    except OSError:
+        pass
+    return byte == b"1"
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: ``keeper.py SPEC``."""
+    if not _gate():
+        return 0
+    if len(argv) != 2:
+        sys.stderr.write("usage: keeper.py SPEC.json\n")
+        return 2
+    try:
+        posix.setsid()
+    except OSError:
+        pass  # already a session leader (started with start_new_session)
+    fd = posix.open(argv[1], posix.O_RDONLY)
+    try:
+        spec = loads(_read_all(fd).decode())
+    finally:
+        posix.close(fd)
+    keeper = Keeper(spec)
+    keeper.prepare()
+    failure = keeper.start_worker()
+    if failure is not None:
+        keeper.discard_info()
+        keeper.write_record(state="failed_start", reason=failure, final=True)
+        keeper.signal_ready()
+        return 0
+    keeper.publish_start()
+    keeper.signal_ready()
+    return keeper.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

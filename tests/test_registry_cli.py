@@ -1,0 +1,153 @@
+"""`dispatch run/ps/logs/kill/wait` as a user meets them: real `dispatch` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.wait import wait_for
+from tests.test_registry_support import session_pids
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    values = dict(os.environ)
+    values["DISPATCH_STATE_DIR"] = str(tmp_path / "state")
+    values["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    values.pop("DISPATCH_CONFIG", None)
+    return values
+
+
+def dispatch(
+    env: dict[str, str], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli.main", *args],
+        capture_output=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_run_wait_passes_the_exit_code_through(env: dict[str, str]) -> None:
+    done = dispatch(env, "run", "--wait", "--", "sh", "-c", "exit 7")
+    assert done.returncode == 7, done.stderr
+    (line,) = done.stdout.decode().splitlines()
+    assert line.startswith("s_") and len(line) == 14
+    assert b"Traceback" not in done.stderr
+
+
+def test_run_prints_only_the_id_and_logs_are_raw(env: dict[str, str]) -> None:
+    done = dispatch(env, "run", "--", "sh", "-c", "printf 'a\\000b\\377\\n'; echo err >&2")
+    assert done.returncode == 0, done.stderr
+    session_id = done.stdout.decode().strip()
+    assert "\n" not in session_id
+    waited = dispatch(env, "wait", session_id, "--timeout", "20")
+    assert waited.returncode == 0, waited.stderr
+    logs = dispatch(env, "logs", session_id)
+    assert logs.returncode == 0
+    assert logs.stdout == b"a\x00b\xff\nerr\n"
+    tail = dispatch(env, "logs", session_id[:6], "--tail", "1")
+    assert tail.stdout == b"err\n"
+
+
+def test_logs_of_an_unknown_id_is_one_line_exit_2(env: dict[str, str]) -> None:
+    done = dispatch(env, "logs", "nosuch")
+    assert done.returncode == 2
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and "nosuch" in lines[0]
+    assert done.stdout == b""
+
+
+def test_short_prefix_is_a_usage_error(env: dict[str, str]) -> None:
+    done = dispatch(env, "wait", "s_ab")
+    assert done.returncode == 2
+    assert "at least 4 characters" in done.stderr.decode()
+
+
+def test_signal_exit_status_and_failed_start(env: dict[str, str]) -> None:
+    killed = dispatch(env, "run", "--wait", "--", "sh", "-c", "kill -TERM $$")
+    assert killed.returncode == 128 + signal.SIGTERM
+    missing = dispatch(env, "run", "--wait", "--", "no-such-program-xyz")
+    assert missing.returncode == 127
+    assert "no-such-program-xyz" in missing.stderr.decode()
+
+
+def test_run_wait_timeout_exits_124_and_the_worker_keeps_running(env: dict[str, str]) -> None:
+    done = dispatch(env, "run", "--wait", "--timeout", "0.3", "--", "sleep", "30")
+    assert done.returncode == 124
+    session_id = done.stdout.decode().strip()
+    assert session_pids(session_id)
+    ps = dispatch(env, "ps", "--json")
+    rows = json.loads(ps.stdout)
+    assert [r["id"] for r in rows] == [session_id]
+    row = rows[0]
+    assert set(row) == {
+        "id", "state", "argv", "pid", "placement", "unit", "owner", "started_at",
+        "finished_at", "exit_code", "signal", "completion_reason", "log_path",
+    }  # fmt: skip
+    assert row["state"] == "running" and row["argv"] == ["sleep", "30"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d", row["started_at"])
+    killed = dispatch(env, "kill", session_id[2:8], "--grace", "1")
+    assert killed.returncode == 0, killed.stderr
+    assert b"killed" in killed.stdout
+    assert session_pids(session_id) == []
+    again = dispatch(env, "--json", "kill", session_id)
+    assert again.returncode == 0
+    assert json.loads(again.stdout)["state"] == "killed"
+    assert json.loads(again.stdout)["signal"] == "SIGTERM"
+    waited = dispatch(env, "wait", session_id, "--json")
+    assert waited.returncode == 128 + signal.SIGTERM
+    assert json.loads(waited.stdout)["outcome"] == "finished"
+
+
+def test_run_follow_streams_output(env: dict[str, str]) -> None:
+    done = dispatch(
+        env, "run", "--follow", "--", "sh", "-c", "echo one; sleep 0.2; echo two; exit 3"
+    )
+    assert done.returncode == 3
+    assert done.stdout == b"one\ntwo\n"
+    assert b"session s_" in done.stderr
+
+
+def test_ps_all_and_shell_and_cwd(env: dict[str, str], tmp_path: Path) -> None:
+    done = dispatch(env, "run", "--wait", "--shell", "--cwd", str(tmp_path), "--", "pwd; exit 0")
+    assert done.returncode == 0
+    session_id = done.stdout.decode().strip()
+    assert dispatch(env, "logs", session_id).stdout == f"{tmp_path}\n".encode()
+    table = dispatch(env, "ps", "--all").stdout.decode()
+    assert session_id in table and "exited" in table
+    assert dispatch(env, "ps").stdout.decode().startswith("no running sessions")
+    bad = dispatch(env, "run", "--shell", "--", "echo", "hi")
+    assert bad.returncode == 2
+
+
+def test_ctrl_c_on_wait_exits_130_and_leaves_the_worker(env: dict[str, str]) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dispatcher.cli.main", "run", "--wait", "--", "sleep", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    session_id = proc.stdout.readline().decode().strip()
+    wait_for(lambda: session_pids(session_id), 10, what="worker")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == 130
+    proc.stdout.close()
+    assert proc.stderr is not None
+    proc.stderr.close()
+    assert session_pids(session_id)
+    assert dispatch(env, "kill", session_id).returncode == 0

@@ -1,0 +1,198 @@
+"""Shared pieces of the registry tests: worker snippets, registries on a tmp state dir.
+
+No tests live here; the other test_registry_* modules import from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from registry.abc import Owner, SpawnRequest
+from registry.process import KEEPER_SCRIPT, ProcessRegistry
+from registry.procinfo import MARKER_ENV, table
+from registry.settings import RegistrySettings
+from registry.state import StateDB
+from registry.store import COMPONENT
+from scope.abc import CallerKind, Scoper
+from scope.fake import FakeScoper
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+OWNER = Owner(kind="test", id="t1")
+
+# Worker snippets (argv lists); each does one thing a real worker might.
+EXIT_3 = ["sh", "-c", "echo out; echo err >&2; exit 3"]
+IGNORES_TERM = ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"]
+# The grandchild leaves the group (setsid), ignores SIGTERM and outlives its parent.
+DOUBLE_FORK = [
+    "sh",
+    "-c",
+    "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.05; done' </dev/null >/dev/null 2>&1 & "
+    "echo ready; while :; do sleep 0.05; done",
+]
+SLEEPER = ["sleep", "60"]
+
+
+def unscoped() -> FakeScoper:
+    """A scoper whose probe fails outside a unit: every launch is ``in_process``."""
+    return FakeScoper(probe_ok=False)
+
+
+def settings(**overrides: object) -> RegistrySettings:
+    """Registry settings with short waits for tests."""
+    values: dict[str, object] = {"kill_grace": 0.5, "drain_time": 1.0}
+    values.update(overrides)
+    return RegistrySettings(**values)  # type: ignore[arg-type]
+
+
+@contextmanager
+def open_registry(
+    state_dir: Path,
+    scoper: Scoper | None = None,
+    *,
+    follow: bool = True,
+    protect_gateway: bool = False,
+    cleanup: bool = True,
+    **setting_overrides: object,
+) -> Iterator[ProcessRegistry]:
+    """A ProcessRegistry on ``state_dir`` (database opened and closed with it). ``cleanup``
+    kills what still runs when the block ends (reading sessions also reconciles them)."""
+    db = StateDB.in_dir(state_dir, [COMPONENT])
+    registry = ProcessRegistry(
+        state_dir=state_dir,
+        db=db,
+        scoper=scoper or unscoped(),
+        settings=settings(**setting_overrides),
+        follow=follow,
+        protect_gateway=protect_gateway,
+    )
+    try:
+        yield registry
+    finally:
+        try:
+            # A failed test must not leave workers behind: stop whatever still runs here.
+            for session in registry.list_sessions() if cleanup else ():
+                with contextlib.suppress(Exception):
+                    registry.kill(session.id, grace=0.2)
+        finally:
+            registry.close()
+            db.close()
+
+
+def stop_all(state_dir: Path, scoper: Scoper | None = None) -> None:
+    """Kill every session still running on ``state_dir`` (test cleanup after a failure)."""
+    if (state_dir / "state.db").exists():
+        with open_registry(state_dir, scoper, follow=False):
+            pass
+
+
+def request(
+    argv: list[str] | str,
+    *,
+    cwd: str | os.PathLike[str] = "/",
+    env: Mapping[str, str] | None = None,
+    **fields: object,
+) -> SpawnRequest:
+    """A SpawnRequest with the test owner and this process's environment."""
+    return SpawnRequest(
+        argv=argv,
+        cwd=str(cwd),
+        env=dict(os.environ if env is None else env),
+        owner=fields.pop("owner", OWNER),  # type: ignore[arg-type]
+        caller=fields.pop("caller", CallerKind.CLI),  # type: ignore[arg-type]
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def session_pids(session_id: str) -> list[int]:
+    """Live processes carrying the session's environment marker."""
+    needle = f"{MARKER_ENV}={session_id}".encode()
+    found = []
+    for pid in table():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def run_keeper(
+    spec: Mapping[str, object], *, preexec_fn: Callable[[], None] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """Run the keeper script directly (as the registry does) on a spec file next to it."""
+    import json
+
+    directory = Path(str(spec["dir"]))
+    path = directory / "spec.json"
+    path.write_text(json.dumps(dict(spec)))
+    if not (directory / "stdin").exists():
+        os.mkfifo(directory / "stdin", 0o600)
+    return subprocess.run(
+        [PYTHON, "-I", "-S", str(KEEPER_SCRIPT), str(path)],
+        capture_output=True,
+        timeout=30,
+        check=False,
+        preexec_fn=preexec_fn,
+    )
+
+
+LAUNCHER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    sys.path.insert(0, {repo!r})
+    from registry.abc import Owner, SpawnRequest
+    from registry.process import ProcessRegistry
+    from registry.settings import RegistrySettings
+    from registry.state import StateDB
+    from registry.store import COMPONENT
+    from scope.abc import CallerKind
+    spec = json.loads(sys.argv[1])
+    if spec.get("env"):
+        from scope import open_scoper
+        from scope.abc import Policy
+        from scope.settings import ScopeSettings
+        scoper = open_scoper(ScopeSettings(), Policy(), environ=spec["env"])
+    else:
+        from scope.fake import FakeScoper
+        scoper = FakeScoper(probe_ok=False)
+    db = StateDB.in_dir(spec["state_dir"], [COMPONENT])
+    registry = ProcessRegistry(state_dir=spec["state_dir"], db=db, scoper=scoper,
+                               settings=RegistrySettings(kill_grace=0.5), follow=True)
+    session = registry.spawn(SpawnRequest(
+        argv=spec["argv"], cwd="/", env=dict(os.environ), owner=Owner(kind="test", id="l"),
+        caller=CallerKind.CLI, timeout=spec.get("timeout")))
+    print(json.dumps({{"id": session.id, "placement": session.placement.value,
+                      "unit": session.unit}}), flush=True)
+    time.sleep(600)
+    """
+).format(repo=str(REPO))
+
+
+def start_launcher(
+    state_dir: Path, argv: list[str], *, env: Mapping[str, str] | None = None, **extra: object
+) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A separate launcher process that spawns ``argv`` and then just sleeps (to be killed)."""
+    import json
+
+    spec = {"state_dir": str(state_dir), "argv": argv, "env": dict(env) if env else None, **extra}
+    proc = subprocess.Popen(
+        [PYTHON, "-c", LAUNCHER, json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        proc.wait()
+        raise AssertionError("the launcher died before printing the session")
+    return proc, json.loads(line)
