@@ -126,11 +126,24 @@ class StateDB:
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = self._enable_wal(conn)
             if str(mode).lower() != "wal":
                 raise StateError(f"cannot switch to WAL mode (got {mode})", path=str(self.path))
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.OperationalError as err:
+            conn.close()
+            if "locked" in str(err) or "busy" in str(err):
+                raise StateError(
+                    f"stayed locked for {self.busy_timeout:g} s while opening",
+                    path=str(self.path),
+                    remedy="another process holds it; retry",
+                ) from None
+            raise StateError(
+                f"cannot be opened ({err})",
+                path=str(self.path),
+                remedy="check the file and --state-dir permissions",
+            ) from None
         except sqlite3.DatabaseError as err:
             conn.close()
             raise StateError(
@@ -140,6 +153,29 @@ class StateDB:
             ) from None
         conn.row_factory = sqlite3.Row
         return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> str:
+        """Switch to WAL (persistent in the file), tolerating racing first openers.
+
+        Changing the journal mode needs an exclusive lock and SQLite may answer "database is
+        locked" at once instead of calling the busy handler while another process is opening
+        the same new file; retry within the busy timeout."""
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.001
+        while True:
+            try:
+                mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+                if mode.lower() == "wal":
+                    return mode
+                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) and "busy" not in str(err):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+                # Bounded back-off while another opener finishes its switch.
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
 
     def _migrate(self) -> None:
         with self.write() as conn:
