@@ -165,7 +165,7 @@ class FakeScoper(Scoper):
                 warning = (
                     f"{caller.value} worker runs degraded: {decision.cause}; {decision.remedy}"
                 )
-                self.warnings.warn(caller.value, decision.cause, warning)
+                self.warnings.warn(caller.value, "no restart-safe scope", warning)
             process = popen(spec, spec.argv, spec.env)
             launched = Launched(
                 process=process, pid=process.pid, placement=decision.placement, warning=warning

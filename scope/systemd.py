@@ -181,7 +181,10 @@ class SystemdScoper(Scoper):
                 f"{caller.value} worker runs degraded (it dies with its unit): "
                 f"{decision.cause}; {decision.remedy}"
             )
-            self.warnings.warn(caller.value, decision.cause, warning)
+            # Keyed on the row, not the detail text: the probe's wording changes while the
+            # manager stays unreachable (vanished, then "no backend could reach it"), and that
+            # must not repeat the warning. A recovery resets it, so a relapse warns again.
+            self.warnings.warn(caller.value, "no restart-safe scope", warning)
         process = popen(spec, spec.argv, spec.env)
         return Launched(
             process=process, pid=process.pid, placement=decision.placement, warning=warning

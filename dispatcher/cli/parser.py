@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, NoReturn
 
+from dispatcher.cli.groups import GROUPS
 from scope.errors import UsageError
 
 
@@ -55,14 +56,15 @@ def add_group(
     subparsers: Subparsers,
     name: str,
     common: Parser,
-    help: str,
+    help: str | None = None,
     description: str | None = None,
 ) -> Parser:
-    """Add a subcommand that takes the global options."""
-    return subparsers.add_parser(name, help=help, description=description or help, parents=[common])
+    """Add a subcommand group that takes the global options (help from :data:`GROUPS`)."""
+    text = help or GROUPS[name]
+    return subparsers.add_parser(name, help=text, description=description or text, parents=[common])
 
 
-def add_subgroups(parser: Parser, dest: str) -> argparse._SubParsersAction[Parser]:
+def add_subgroups(parser: Parser, dest: str) -> Subparsers:
     """Sub-subcommands (``dispatch cron list``); one of them is required."""
     subs = parser.add_subparsers(dest=dest, metavar="COMMAND", parser_class=Parser)
     subs.required = True

@@ -1,25 +1,51 @@
-"""`dispatch serve`:
+"""``dispatch serve``: run the gateway (cron + kanban + registry) until SIGTERM.
 
-Run the gateway: cron scheduler, kanban dispatcher and registry in one process."""
+Exit codes: 0 after a clean stop (workers keep running), 1 when it cannot start (another serve
+holds the state dir: the message names its pid), 2 for a bad config, 75 to ask the supervisor
+for a restart after an internal failure.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from scope.errors import DispatchError
 
-HELP = "Run the gateway: cron scheduler, kanban dispatcher and registry in one process."
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
-    """Add the `serve` group."""
-    parser = add_group(subparsers, "serve", common, help=HELP)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    """Add the ``serve`` group."""
+    parser = add_group(
+        subparsers,
+        "serve",
+        common,
+        description="Run cron, the kanban dispatcher and the registry follower in one process. "
+        "Meant for a systemd Type=notify service (see contrib/dispatch.service); SIGTERM stops "
+        "it and leaves scoped workers running, SIGHUP reloads the config.",
+    )
+    parser.add_argument(
+        "--log-level", choices=sorted(LEVELS), default="info", help="log verbosity (stderr)"
+    )
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Not built yet."""
-    raise DispatchError("'dispatch serve' is not available in this build yet")
+    """Validate the config, take the state dir and serve until stopped."""
+    from dispatcher.gateway.journal import configure_logging
+    from dispatcher.gateway.serve import Gateway
+
+    settings = ctx.settings  # a bad config fails here: exit 2 before anything starts
+    handler = configure_logging(ctx.environ, level=LEVELS[args.log_level], stream=ctx.stderr)
+    try:
+        gateway = Gateway(
+            settings=settings,
+            state_dir=ctx.state_dir,
+            environ=ctx.environ,
+            config_path=ctx.config_path,
+        )
+        return gateway.run()
+    finally:
+        logging.getLogger("dispatch").removeHandler(handler)

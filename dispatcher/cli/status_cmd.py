@@ -1,23 +1,90 @@
-"""`dispatch status`: Show whether serve runs, placement, workers, cards and next cron fires."""
+"""``dispatch status [--json]``: is serve running, placement now, workers, cards, next fires,
+recent errors. Exit 0 (this reports; ``dispatch doctor`` judges health)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from scope.errors import DispatchError
-
-HELP = "Show whether serve runs, placement, workers, cards and next cron fires."
+from dispatcher.cli.timefmt import iso
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
-    """Add the `status` group."""
-    parser = add_group(subparsers, "status", common, help=HELP)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    """Add the ``status`` group."""
+    parser = add_group(subparsers, "status", common)
+    parser.add_argument(
+        "--fires", type=int, default=5, metavar="N", help="how many next cron fires to show"
+    )
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Not built yet."""
-    raise DispatchError("'dispatch status' is not available in this build yet")
+    """Print the status document."""
+    from dispatcher.gateway.report import status_document
+    from dispatcher.runtime import runtime_from_context
+
+    runtime = runtime_from_context(ctx)
+    doc = status_document(runtime, ctx.environ, fires=max(0, args.fires))
+    if ctx.json:
+        ctx.emit_json(_json(doc))
+        return 0
+    _human(ctx, doc)
+    return 0
+
+
+def _json(doc: dict[str, Any]) -> dict[str, Any]:
+    serve = dict(doc["serve"])
+    for key in ("started_at", "updated_at"):
+        if key in serve:
+            serve[key] = iso(serve[key])
+    if "uptime" in serve:
+        serve["uptime_seconds"] = int(serve.pop("uptime"))
+    return {
+        **doc,
+        "serve": serve,
+        "next_cron_fires": [
+            {"job_id": f["job_id"], "at": iso(f["at"], f["zone"])} for f in doc["next_cron_fires"]
+        ],
+        "recent_errors": [{**e, "at": iso(e.get("at"))} for e in doc["recent_errors"]],
+    }
+
+
+def _human(ctx: Context, doc: dict[str, Any]) -> None:
+    serve = doc["serve"]
+    if serve["running"]:
+        ctx.out(f"serve:      running, pid {serve['pid']}, up {_span(serve['uptime'])}")
+    else:
+        ctx.out("serve:      not running")
+    placement = ", ".join(f"{k} {v}" for k, v in doc["placement"].items())
+    ctx.out(f"placement:  {placement}")
+    kinds = ", ".join(f"{k} {n}" for k, n in doc["workers"]["by_kind"].items()) or "none"
+    ctx.out(f"workers:    {doc['workers']['running']} running ({kinds})")
+    cards = ", ".join(f"{k} {n}" for k, n in doc["cards"].items() if n) or "none"
+    paused = " (claiming paused)" if doc["kanban_paused"] else ""
+    ctx.out(f"cards:      {cards}{paused}")
+    fires = doc["next_cron_fires"]
+    if fires:
+        ctx.out("next fires:")
+        for fire in fires:
+            ctx.out(f"  {iso(fire['at'], fire['zone'])}  {fire['job_id']}")
+    else:
+        ctx.out("next fires: none")
+    errors = doc["recent_errors"]
+    if errors:
+        ctx.out("recent errors:")
+        for error in errors:
+            ctx.out(f"  {iso(error.get('at'))}  {error['source']}: {error['message']}")
+
+
+def _span(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes}m"
+    return f"{minutes}m{secs}s"

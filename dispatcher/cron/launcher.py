@@ -195,6 +195,7 @@ class FireRunner:
             # must not outlive the decision.
             self._kill(session.id, f"fire {row.fire_key} was replaced while starting")
             return self.ledger.get(row.id)
+        log.info("cron fire %s: started %s (%s)", row.fire_key, session.id, session.placement.value)
         fresh = self._fresh(session)
         if fresh.finished:
             self.settle(fresh, job=job)

@@ -51,6 +51,7 @@ class Workspace:
         )
         self._runtime: Any = None
         self._dispatcher: KanbanDispatcher | None = None
+        self._opened_version = self.store.board_version()
 
     def now(self) -> float:
         """The current wall time."""
@@ -103,9 +104,15 @@ class Workspace:
         return closed
 
     def close(self) -> None:
-        """Close the runtime (workers keep running) and the database."""
+        """Close the runtime (workers keep running) and the database; when this command
+        changed the board, poke the state dir's gateway so it looks at once."""
         try:
+            changed = self.store.board_version() != self._opened_version
             if self._runtime is not None:
                 self._runtime.close()
         finally:
             self.db.close()
+        if changed:
+            from dispatcher.gateway.wake import poke
+
+            poke(self.state_dir)

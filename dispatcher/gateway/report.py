@@ -1,0 +1,135 @@
+"""The document behind ``dispatch status``: gateway, placement, workers, cards, cron, errors.
+
+Built from the state database (sessions, board, ledger) plus, while a gateway runs, its status
+file. Without a gateway the placement is judged here the way the gateway would get it (inside a
+unit, cached probe), so the answer to "would my workers be restart-safe?" is there either way.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from dispatcher.cron.ledger import Ledger
+from dispatcher.cron.plan import job_active, plan_job
+from dispatcher.cron.zones import host_zone_name
+from dispatcher.gateway.lock import read_holder
+from dispatcher.gateway.statusfile import read_status
+from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.runtime import Runtime
+from scope.abc import CallerKind
+from scope.errors import DispatchError, ScopeUnavailable
+
+FAILED_OUTCOMES = ("failed", "timed_out", "lost", "failed_start", "spawn_refused", "config_error")
+
+
+def status_document(
+    runtime: Runtime, environ: Mapping[str, str], *, now: float | None = None, fires: int = 5
+) -> dict[str, Any]:
+    """Everything ``dispatch status`` shows, as plain data (timestamps as epoch seconds)."""
+    now = time.time() if now is None else now
+    state_dir = runtime.state_dir
+    holder = read_holder(state_dir)
+    served = read_status(state_dir) if holder else None
+    if served is not None and holder is not None and served.pid != holder.pid:
+        served = None
+    serve: dict[str, Any] = {"running": holder is not None}
+    if holder is not None:
+        serve.update(pid=holder.pid, started_at=holder.started_at, uptime=now - holder.started_at)
+        if served is not None:
+            serve["updated_at"] = served.updated_at
+    placement = dict(served.placement) if served else _placement_here(runtime)
+
+    sessions = runtime.registry.list_sessions()
+    workers = collections.Counter(s.owner.kind for s in sessions)
+    store = SqliteBoardStore(runtime.db)
+    cards = {status.value: count for status, count in store.status_counts().items()}
+    return {
+        "serve": serve,
+        "placement": placement,
+        "workers": {"running": len(sessions), "by_kind": dict(sorted(workers.items()))},
+        "cards": cards,
+        "kanban_paused": store.paused(),
+        "next_cron_fires": _next_fires(runtime, environ, now, fires),
+        "recent_errors": _recent_errors(runtime, served.recent_errors if served else []),
+    }
+
+
+def _placement_here(runtime: Runtime) -> dict[str, str]:
+    from scope.placement import decide
+
+    out: dict[str, str] = {}
+    scoper: Any = runtime.scoper
+    real = scoper.real() if hasattr(scoper, "real") else scoper
+    try:
+        facts = real.facts(probe=True)
+    except (AttributeError, DispatchError) as err:
+        return {"cron": f"unknown ({err})", "kanban": f"unknown ({err})"}
+    # The gateway runs inside a service by definition: judge it as it would be judged.
+    facts = dataclasses.replace(facts, in_teardown_unit=True)
+    for name, caller in (("cron", CallerKind.CRON), ("kanban", CallerKind.KANBAN)):
+        try:
+            out[name] = decide(facts, caller, real.policy, wants_isolation=True).placement.value
+        except ScopeUnavailable:
+            out[name] = "refused"
+    return out
+
+
+def _next_fires(
+    runtime: Runtime, environ: Mapping[str, str], now: float, count: int
+) -> list[dict[str, Any]]:
+    jobs = runtime.settings.cron.jobs
+    if not jobs:
+        return []
+    host = host_zone_name(environ)
+    states = Ledger(runtime.db).job_states()
+    found: list[dict[str, Any]] = []
+    for job in jobs:
+        plan = plan_job(job, host)
+        if not job_active(job, states.get(job.id)):
+            continue
+        for at in plan.schedule.next_instants(now, count):
+            found.append({"job_id": job.id, "at": at, "zone": plan.zone})
+    found.sort(key=lambda item: (item["at"], item["job_id"]))
+    return found[:count]
+
+
+def _recent_errors(runtime: Runtime, served: list[dict[str, Any]], limit: int = 10) -> list[Any]:
+    errors: list[dict[str, Any]] = [dict(item) for item in served]
+    marks = ",".join("?" * len(FAILED_OUTCOMES))
+    with runtime.db.read() as conn:
+        runs = conn.execute(
+            f"SELECT card_id, run_id, outcome, error, ended_at FROM kanban_runs"  # noqa: S608
+            f" WHERE outcome IN ({marks}) ORDER BY ended_at DESC LIMIT ?",
+            (*FAILED_OUTCOMES, limit),
+        ).fetchall()
+        fires = conn.execute(
+            f"SELECT job_id, fire_key, outcome, error, ended_at, decided_at FROM cron_fires"  # noqa: S608
+            f" WHERE outcome IN ({marks}) ORDER BY id DESC LIMIT ?",
+            (*FAILED_OUTCOMES, limit),
+        ).fetchall()
+    for row in runs:
+        errors.append(
+            {
+                "at": row["ended_at"],
+                "level": "error",
+                "source": "kanban",
+                "message": f"card {row['card_id']} run {row['run_id']}: {row['outcome']}"
+                + (f": {row['error']}" if row["error"] else ""),
+            }
+        )
+    for row in fires:
+        errors.append(
+            {
+                "at": row["ended_at"] or row["decided_at"],
+                "level": "error",
+                "source": "cron",
+                "message": f"{row['fire_key']}: {row['outcome']}"
+                + (f": {row['error']}" if row["error"] else ""),
+            }
+        )
+    errors.sort(key=lambda item: item.get("at") or 0, reverse=True)
+    return errors[:limit]

@@ -1,0 +1,434 @@
+"""``dispatch serve``: cron, kanban and the registry follower in one long-running process.
+
+Start-up order matters for "restarts lose no work": take the single-instance lock, open the
+registry (its follower thread watches every session), register the finish listeners, adopt every
+keeper left by the previous instance (finalizing those that ended meanwhile), reconcile the
+board, then let cron catch up and start. Only then is ``READY=1`` sent.
+
+The main thread owns the kanban dispatcher: it sleeps in ``select()`` on a self-pipe (signals,
+finished sessions) and the wake socket (pokes from ``dispatch kanban`` commands in other
+processes), and ticks when woken, when the board version moved, or when the safety tick is due.
+Cron runs on its own APScheduler thread.
+
+On SIGTERM/SIGINT it stops deciding, flushes state and exits 0, leaving every worker running:
+scoped workers survive the unit's stop; degraded ones are named in the log because they will
+not. SIGHUP reloads the config (an invalid file is rejected and the old config kept).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import queue
+import select
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dispatcher.config import load_config
+from dispatcher.cron.scheduler import CronScheduler
+from dispatcher.gateway.lock import ServeLock
+from dispatcher.gateway.notify import Notifier
+from dispatcher.gateway.statusfile import ServeStatus, write_status
+from dispatcher.gateway.wake import WakeSocket
+from dispatcher.kanban.dispatcher import KanbanDispatcher
+from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.runtime import Runtime, open_runtime
+from dispatcher.settings import Settings
+from registry.abc import Session
+from scope.abc import CallerKind, Placement
+from scope.clock import Clock, SystemClock
+from scope.errors import DispatchError, ScopeUnavailable
+
+log = logging.getLogger("dispatch.gateway")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_RESTART = 75
+"""Asks the supervisor for a restart (Restart=on-failure restarts on any non-zero status)."""
+
+BOARD_POLL = 0.25
+"""Seconds between board-version checks (pokes usually wake the gateway sooner)."""
+STATUS_INTERVAL = 5.0
+"""Seconds between refreshes of the status file and the STATUS= line."""
+
+
+class _RecentErrors(logging.Handler):
+    """Keeps the last warnings and errors for ``dispatch status``."""
+
+    def __init__(self, clock: Clock, size: int = 20) -> None:
+        super().__init__(level=logging.WARNING)
+        self.clock = clock
+        self.items: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.items.append(
+            {
+                "at": self.clock.time(),
+                "level": record.levelname.lower(),
+                "source": record.name.removeprefix("dispatch."),
+                "message": record.getMessage(),
+            }
+        )
+
+
+class Gateway:
+    """One ``dispatch serve`` process (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        state_dir: Path,
+        environ: Mapping[str, str],
+        config_path: Path | None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings = settings
+        self.state_dir = Path(state_dir)
+        self.environ = dict(environ)
+        self.config_path = config_path
+        self.clock: Clock = clock or SystemClock()
+        self.notifier = Notifier(self.environ)
+        self.errors = _RecentErrors(self.clock)
+        self._finished: queue.SimpleQueue[Session] = queue.SimpleQueue()
+        self._stop = False
+        self._reload = False
+        self._pipe_r, self._pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._started_at = self.clock.time()
+        self._runtime: Runtime | None = None
+        self._cron: CronScheduler | None = None
+        self._kanban: KanbanDispatcher | None = None
+        self._store: SqliteBoardStore | None = None
+        self._board_version = -1
+        self._ticks = 0
+
+    # -- signals and wake-ups ----------------------------------------------------------------
+
+    def _nudge(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._pipe_w, b"x")
+
+    def request_stop(self, *_: object) -> None:
+        """Begin a clean shutdown (SIGTERM/SIGINT handler; safe from any thread)."""
+        self._stop = True
+        self._nudge()
+
+    def request_reload(self, *_: object) -> None:
+        """Reload the config at the next loop turn (SIGHUP handler)."""
+        self._reload = True
+        self._nudge()
+
+    def _on_finish(self, session: Session) -> None:
+        # Registry follower thread: log the event, hand over and wake the main loop.
+        took = ""
+        if session.started_at is not None and session.finished_at is not None:
+            took = f" after {session.finished_at - session.started_at:.1f} s"
+        log.info(
+            "worker %s (%s) %s%s: %s",
+            session.id,
+            session.owner,
+            session.state.value,
+            took,
+            session.completion_reason or "",
+        )
+        if session.owner.kind == "kanban":
+            self._finished.put(session)
+            self._nudge()
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        for signum, handler in (
+            (signal.SIGTERM, self.request_stop),
+            (signal.SIGINT, self.request_stop),
+            (signal.SIGHUP, self.request_reload),
+        ):
+            previous[signum] = signal.signal(signum, handler)
+        return previous
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Serve until asked to stop; returns the exit status (0, 1 or 75)."""
+        lock = ServeLock(self.state_dir)
+        lock.acquire()
+        logging.getLogger("dispatch").addHandler(self.errors)
+        previous = self._install_signals()
+        wake: WakeSocket | None = None
+        try:
+            try:
+                wake = WakeSocket(self.state_dir)
+            except OSError as err:
+                log.warning("no wake socket (%s); new cards wait for the next board poll", err)
+            self._start()
+            status = self._loop(wake)
+        except DispatchError:
+            raise
+        except Exception:
+            log.exception("gateway failed; asking the supervisor for a restart (exit 75)")
+            status = EXIT_RESTART
+        finally:
+            self._shutdown()
+            if wake is not None:
+                wake.close()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            logging.getLogger("dispatch").removeHandler(self.errors)
+            os.close(self._pipe_r)
+            os.close(self._pipe_w)
+            lock.release()
+        return status
+
+    def _start(self) -> None:
+        begun = time.monotonic()
+        runtime = open_runtime(
+            self.settings,
+            self.state_dir,
+            self.environ,
+            caller_kind=CallerKind.KANBAN,
+            follow=True,
+            protect_gateway=True,
+            clock=self.clock,
+        )
+        self._runtime = runtime
+        self._store = SqliteBoardStore(runtime.db)
+        self._kanban = self._make_kanban(self.settings)
+        runtime.registry.add_finish_listener(self._on_finish)
+        self._cron = CronScheduler(
+            self.settings.cron,
+            runtime.registry,
+            runtime.db,
+            clock=self.clock,
+            environ=self.environ,
+            state_dir=self.state_dir,
+        )
+        adopted = runtime.registry.adopt()
+        lost = [s for s in adopted if s.state.value == "lost"]
+        running = [s for s in adopted if not s.finished]
+        log.info(
+            "adopted %d running workers, %d finished while nobody watched, %d lost",
+            len(running),
+            len(adopted) - len(running) - len(lost),
+            len(lost),
+        )
+        for session in lost:
+            log.warning(
+                "worker %s (%s) was lost: %s", session.id, session.owner, session.completion_reason
+            )
+        runtime.registry.prune()
+        self._tick_kanban("start")
+        self._cron.start()
+        self._write_status()
+        self.notifier.ready(self._status_line())
+        log.info(
+            "dispatch serve ready in %.0f ms (pid %d, state dir %s)",
+            (time.monotonic() - begun) * 1000,
+            os.getpid(),
+            self.state_dir,
+        )
+
+    def _make_kanban(self, settings: Settings) -> KanbanDispatcher:
+        assert self._runtime is not None and self._store is not None
+        return KanbanDispatcher(
+            store=self._store,
+            registry=self._runtime.registry,
+            settings=settings.kanban,
+            state_dir=self.state_dir,
+            caller=CallerKind.KANBAN,
+            config_path=self.config_path,
+            environ=self.environ,
+            scoper=self._runtime.scoper,
+            adopt=False,
+        )
+
+    def _loop(self, wake: WakeSocket | None) -> int:
+        safety = self.settings.serve.safety_tick
+        watchdog = self.notifier.watchdog_interval
+        now = time.monotonic()
+        next_safety = now + safety
+        next_status = now + STATUS_INTERVAL
+        next_poll = now + BOARD_POLL
+        next_watchdog = now + watchdog if watchdog else None
+        readers: list[Any] = [self._pipe_r] + ([wake] if wake is not None else [])
+        while not self._stop:
+            now = time.monotonic()
+            deadlines = [next_safety, next_status, next_poll]
+            if next_watchdog is not None:
+                deadlines.append(next_watchdog)
+            timeout = max(0.0, min(deadlines) - now)
+            ready, _, _ = select.select(readers, [], [], timeout)
+            poked = False
+            if self._pipe_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self._pipe_r, 4096):
+                        pass
+            if wake is not None and wake in ready:
+                poked = wake.drain() > 0
+            if self._stop:
+                break
+            if self._reload:
+                self._reload = False
+                self._do_reload()
+                poked = True
+            now = time.monotonic()
+            finished = self._settle_finished()
+            due = now >= next_safety
+            if now >= next_poll:
+                next_poll = now + BOARD_POLL
+                poked = poked or self._board_moved()
+            if poked or finished or due:
+                self._tick_kanban("safety" if due and not (poked or finished) else "wake")
+                next_safety = time.monotonic() + self.settings.serve.safety_tick
+            if next_watchdog is not None and now >= next_watchdog:
+                self.notifier.watchdog()
+                next_watchdog = now + (watchdog or 1.0)
+            if now >= next_status:
+                self._write_status()
+                self.notifier.status(self._status_line())
+                next_status = now + STATUS_INTERVAL
+        return EXIT_OK
+
+    def _settle_finished(self) -> int:
+        count = 0
+        assert self._kanban is not None
+        while True:
+            try:
+                session = self._finished.get_nowait()
+            except queue.Empty:
+                return count
+            count += 1
+            try:
+                self._kanban.session_finished(session, self.clock.time())
+            except DispatchError as err:
+                log.error("kanban: closing the run of %s failed: %s", session.id, err)
+
+    def _board_moved(self) -> bool:
+        assert self._store is not None
+        version = self._store.board_version()
+        return version != self._board_version
+
+    def _tick_kanban(self, why: str) -> None:
+        assert self._kanban is not None
+        try:
+            report = self._kanban.tick(self.clock.time())
+        except DispatchError as err:
+            log.error("kanban tick failed: %s", err)
+            return
+        self._ticks += 1
+        self._board_version = report.board_version
+        for warning in report.warnings:
+            log.warning("kanban: %s", warning)
+        if report.dispatched or report.reconciled or report.refused:
+            log.debug("kanban tick (%s): %s", why, report.to_dict())
+
+    def _do_reload(self) -> None:
+        self.notifier.reloading()
+        try:
+            loaded = load_config(self.config_path)
+        except DispatchError as err:
+            log.error("reload rejected, keeping the old config: %s", err)
+            self.notifier.ready(self._status_line())
+            return
+        new = loaded.settings
+        for section in ("scope", "registry", "serve"):
+            if getattr(new, section) != getattr(self.settings, section):
+                log.warning("reload: changes to %s: take effect after a restart", section)
+        new = replace(
+            new,
+            scope=self.settings.scope,
+            registry=self.settings.registry,
+            serve=self.settings.serve,
+        )
+        self.settings = new
+        assert self._cron is not None
+        self._cron.reload(new.cron)
+        self._kanban = self._make_kanban(new)
+        log.info("reloaded %s", loaded.source)
+        self.notifier.ready(self._status_line())
+
+    def _shutdown(self) -> None:
+        self.notifier.stopping()
+        if self._cron is not None:
+            try:
+                self._cron.stop()
+            except Exception:
+                log.exception("stopping cron failed")
+        runtime = self._runtime
+        if runtime is None:
+            return
+        try:
+            self._settle_finished()
+            running = runtime.registry.list_sessions()
+            degraded = [s for s in running if s.placement is Placement.DEGRADED]
+            if degraded:
+                names = ", ".join(f"{s.id} ({s.owner})" for s in degraded)
+                log.warning(
+                    "%d degraded (unscoped) workers will be lost when this unit stops: %s",
+                    len(degraded),
+                    names,
+                )
+            log.info("stopping; %d workers keep running", len(running))
+            self._write_status(stopping=True)
+        except Exception:
+            log.exception("final bookkeeping failed")
+        finally:
+            runtime.close()
+            self._runtime = None
+
+    # -- status ------------------------------------------------------------------------------
+
+    def placement_now(self) -> dict[str, str]:
+        """What cron and kanban workers would get right now (cached probe verdict)."""
+        assert self._runtime is not None
+        out = {}
+        for name, caller in (("cron", CallerKind.CRON), ("kanban", CallerKind.KANBAN)):
+            try:
+                out[name] = self._runtime.scoper.decide(caller).placement.value
+            except ScopeUnavailable:
+                out[name] = "refused"
+            except DispatchError as err:
+                out[name] = f"unknown ({err})"
+        return out
+
+    def _counts(self) -> dict[str, Any]:
+        assert self._runtime is not None and self._store is not None
+        running = self._runtime.registry.list_sessions()
+        by_kind: dict[str, int] = collections.Counter(s.owner.kind for s in running)
+        cards = {status.value: n for status, n in self._store.status_counts().items()}
+        return {"workers": dict(by_kind), "cards": cards}
+
+    def _status_line(self) -> str:
+        try:
+            counts = self._counts()
+            placement = self.placement_now()
+        except Exception as err:  # status must never take the gateway down
+            return f"running (status unavailable: {err})"
+        workers = sum(counts["workers"].values())
+        cards = counts["cards"]
+        return (
+            f"{workers} workers; cards ready {cards.get('ready', 0)}, running "
+            f"{cards.get('running', 0)}, blocked {cards.get('blocked', 0)}; placement cron "
+            f"{placement['cron']}, kanban {placement['kanban']}"
+        )
+
+    def _write_status(self, *, stopping: bool = False) -> None:
+        try:
+            counts = self._counts()
+            status = ServeStatus(
+                pid=os.getpid(),
+                started_at=self._started_at,
+                updated_at=self.clock.time(),
+                stopping=stopping,
+                placement=self.placement_now(),
+                workers=counts["workers"],
+                kanban_ticks=self._ticks,
+                recent_errors=list(self.errors.items),
+            )
+            write_status(self.state_dir, status)
+        except Exception:
+            log.exception("cannot write the status file")

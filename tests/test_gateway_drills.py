@@ -1,0 +1,344 @@
+"""Gateway drills on a real systemd user manager: `dispatch serve` as a Type=notify service.
+
+- Restart drill: restarts while workers run lose nothing (every card done once, byte-exact
+  output, no fire key twice, no worker killed by a restart).
+- Manager-loss drill: cron degrades with one warning, kanban refuses without counting, and both
+  recover once the manager is reachable again.
+- Crash drill: SIGKILL mid-dispatch, restart, nothing stuck or doubled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dispatcher.config import load_config
+from dispatcher.kanban.workspace import Workspace
+from tests.support.systemd import SystemdManager
+
+pytestmark = [pytest.mark.systemd, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LINES_WORKER = (
+    'i=1; while [ $i -le 20 ]; do echo "$DISPATCH_CARD_ID line $i"; i=$((i+1)); sleep 0.2; done'
+)
+
+
+def expected_output(card_id: str) -> bytes:
+    return b"".join(f"{card_id} line {i}\n".encode() for i in range(1, 21))
+
+
+class Gate:
+    """One `dispatch serve` service on the test manager plus helpers to drive its state dir."""
+
+    def __init__(self, manager: SystemdManager, home: Path, config: str) -> None:
+        self.manager = manager
+        self.home = home
+        self.state = home / "state"
+        self.config = home / "config.yaml"
+        self.config.write_text(config)
+        self.log = home / "serve.log"
+        self.unit: str | None = None
+
+    def env(self) -> dict[str, str]:
+        env = dict(self.manager.env)
+        env.update(HOME=str(self.home), PYTHONPATH=str(ROOT))
+        return env
+
+    def dispatch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dispatcher.cli.main",
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.state),
+                *args,
+            ],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"dispatch {' '.join(args)}: {proc.returncode} {proc.stderr}")
+        return proc
+
+    def start(self) -> str:
+        self.unit = self.manager.run_transient_service(
+            [
+                sys.executable,
+                "-m",
+                "dispatcher.cli.main",
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.state),
+                "serve",
+            ],
+            env={"HOME": str(self.home), "PYTHONPATH": str(ROOT)},
+            type="notify",
+            name=self.unit,
+            properties={
+                "StandardOutput": f"append:{self.log}",
+                "StandardError": f"append:{self.log}",
+                "TimeoutStopSec": "10s",
+            },
+            cwd=self.home,
+            timeout=60,
+        )
+        return self.unit
+
+    def main_pid(self) -> int:
+        assert self.unit is not None
+        return int(self.manager.unit_property(self.unit, "MainPID") or 0)
+
+    def active(self) -> bool:
+        assert self.unit is not None
+        return self.manager.unit_property(self.unit, "ActiveState") == "active"
+
+    def db(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.state / "state.db", timeout=30)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def add_cards(self, count: int, assignee: str = "w") -> list[str]:
+        """Add cards in one process (the CLI per card would be slower than the workers)."""
+        board = Workspace(
+            load_config(self.config).settings,
+            self.state,
+            environ=self.env(),
+            config_path=self.config,
+        )
+        try:
+            return [
+                board.board.add(f"card {i}", assignee=assignee, now=board.now())[0].id
+                for i in range(count)
+            ]
+        finally:
+            board.close()  # pokes the gateway
+
+    def cards(self) -> list[dict]:
+        return json.loads(self.dispatch("kanban", "list", "--all", "--json").stdout)
+
+    def stop(self) -> None:
+        if self.unit and self.manager.unit_property(self.unit, "LoadState") == "loaded":
+            self.manager.systemctl("stop", self.unit, check=False, timeout=30)
+
+
+@pytest.fixture
+def gate_factory(tmp_path: Path, systemd_manager: SystemdManager) -> Iterator:
+    made: list[Gate] = []
+
+    def make(config: str) -> Gate:
+        gate = Gate(systemd_manager, tmp_path, config)
+        made.append(gate)
+        return gate
+
+    yield make
+    for gate in made:
+        gate.stop()
+        # Workers left behind by a failed assertion must not outlive the test.
+        if (gate.state / "state.db").exists():
+            gate.dispatch("kanban", "pause", check=False)
+            for session in json.loads(gate.dispatch("ps", "--json", check=False).stdout or "[]"):
+                gate.dispatch("kill", session["id"], "--grace", "0.5", check=False)
+
+
+def assert_fire_keys_unique(gate: Gate) -> int:
+    with gate.db() as conn:
+        doubled = conn.execute(
+            "SELECT fire_key, count(*) FROM cron_fires GROUP BY fire_key HAVING count(*) > 1"
+        ).fetchall()
+        ran = conn.execute(
+            "SELECT count(*) FROM cron_fires WHERE session_id IS NOT NULL"
+        ).fetchone()[0]
+        sessions = conn.execute(
+            "SELECT session_id, count(*) FROM cron_fires WHERE session_id IS NOT NULL"
+            " GROUP BY session_id HAVING count(*) > 1"
+        ).fetchall()
+    assert not doubled, f"fire keys decided twice: {[tuple(r) for r in doubled]}"
+    assert not sessions
+    return int(ran)
+
+
+def test_restart_drill(gate_factory, systemd_manager: SystemdManager) -> None:
+    gate = gate_factory(
+        "serve:\n  safety_tick: 1s\n"
+        "cron:\n  jobs:\n    - id: tick\n      every: 1s\n      command: [sh, -c, 'echo tick']\n"
+        "kanban:\n  max_in_progress: 50\n  assignees:\n    w:\n"
+        f"      command: [sh, -c, {json.dumps(LINES_WORKER)}]\n"
+    )
+    gate.start()
+    card_ids = gate.add_cards(50)
+
+    def running_count() -> int:
+        return sum(1 for c in gate.cards() if c["status"] == "running")
+
+    systemd_manager.wait_for(
+        lambda: running_count() >= 25,
+        timeout=30,
+        interval=0.2,
+        what="workers running before the first restart",
+    )
+    pids_seen = set()
+    for _ in range(3):
+        # Each restart happens while workers print: none of them may notice.
+        assert running_count() > 0
+        pids_seen.add(gate.main_pid())
+        systemd_manager.restart_service(gate.unit, timeout=30)
+        systemd_manager.wait_for(gate.active, timeout=20, what="serve active again")
+        pids_seen.add(gate.main_pid())
+    assert len(pids_seen) == 4, "each restart must start a new serve process"
+
+    def all_done() -> bool:
+        return all(c["status"] == "done" for c in gate.cards())
+
+    systemd_manager.wait_for(all_done, timeout=60, interval=0.25, what="50 cards done")
+    with gate.db() as conn:
+        for card_id in card_ids:
+            runs = conn.execute(
+                "SELECT outcome, exit_code, signal, session_id, placement FROM kanban_runs"
+                " WHERE card_id = ?",
+                (card_id,),
+            ).fetchall()
+            assert len(runs) == 1, f"{card_id}: {[tuple(r) for r in runs]}"
+            run = runs[0]
+            assert (run["outcome"], run["exit_code"], run["signal"]) == ("completed", 0, None)
+            assert run["placement"] == "scoped"
+            log = gate.dispatch("logs", run["session_id"]).stdout.encode()
+            assert log == expected_output(card_id), card_id
+    assert assert_fire_keys_unique(gate) >= 3
+    text = gate.log.read_text()
+    assert text.count("dispatch serve ready") == 4
+    assert "Traceback" not in text
+
+
+def test_manager_loss_drill(gate_factory, systemd_manager: SystemdManager) -> None:
+    gate = gate_factory(
+        "scope:\n  probe_ttl: 2s\n"
+        "serve:\n  safety_tick: 1s\n"
+        "cron:\n  jobs:\n    - id: tick\n      every: 1s\n      command: [sh, -c, 'echo tick']\n"
+        "kanban:\n  infrastructure_cooldown: 5m\n  assignees:\n    w:\n"
+        "      command: [sh, -c, 'echo ran']\n"
+    )
+    gate.start()
+    systemd_manager.wait_for(
+        lambda: assert_fire_keys_unique(gate) >= 1,
+        timeout=15,
+        what="a scoped cron fire before the loss",
+    )
+    with systemd_manager.manager_unreachable():
+        card = gate.dispatch("kanban", "add", "during loss", "--assignee", "w").stdout.strip()
+
+        def refused_runs() -> list[sqlite3.Row]:
+            with gate.db() as conn:
+                return conn.execute(
+                    "SELECT outcome, infrastructure FROM kanban_runs WHERE card_id = ?", (card,)
+                ).fetchall()
+
+        systemd_manager.wait_for(
+            lambda: len(refused_runs()) >= 1, timeout=20, what="a refused kanban run"
+        )
+
+        def degraded_fires() -> int:
+            with gate.db() as conn:
+                return int(
+                    conn.execute(
+                        "SELECT count(*) FROM cron_fires WHERE placement = 'degraded'"
+                    ).fetchone()[0]
+                )
+
+        systemd_manager.wait_for(
+            lambda: degraded_fires() >= 2, timeout=20, what="cron fires degraded during the loss"
+        )
+        (shown,) = [c for c in gate.cards() if c["id"] == card]
+        assert shown["status"] == "ready"
+        assert shown["consecutive_failures"] == 0
+        assert {tuple(r) for r in refused_runs()} == {("spawn_refused", 1)}
+    # Back: within the probe TTL placement is scoped again, and a good probe ends the cooldown.
+
+    def card_done() -> bool:
+        return any(c["id"] == card and c["status"] == "done" for c in gate.cards())
+
+    systemd_manager.wait_for(card_done, timeout=30, interval=0.25, what="the card to run")
+    with gate.db() as conn:
+        last = conn.execute(
+            "SELECT outcome, placement FROM kanban_runs WHERE card_id = ? ORDER BY claimed_at"
+            " DESC LIMIT 1",
+            (card,),
+        ).fetchone()
+        assert tuple(last) == ("completed", "scoped")
+        latest_fire = conn.execute(
+            "SELECT placement FROM cron_fires WHERE session_id IS NOT NULL ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+    systemd_manager.wait_for(
+        lambda: (
+            gate.db()
+            .execute(
+                "SELECT placement FROM cron_fires WHERE session_id IS NOT NULL ORDER BY id DESC"
+                " LIMIT 1"
+            )
+            .fetchone()[0]
+            == "scoped"
+        ),
+        timeout=15,
+        what="cron scoped again",
+    )
+    assert latest_fire is not None
+    warnings = [
+        line
+        for line in gate.log.read_text().splitlines()
+        if "cron" in line and "degraded" in line and "WARNING" in line
+    ]
+    assert len(warnings) == 1, warnings
+    assert_fire_keys_unique(gate)
+
+
+def test_crash_drill(gate_factory, systemd_manager: SystemdManager) -> None:
+    gate = gate_factory(
+        "serve:\n  safety_tick: 1s\n"
+        "cron:\n  jobs:\n    - id: tick\n      every: 1s\n      command: [sh, -c, 'echo tick']\n"
+        "kanban:\n  max_in_progress: 8\n  assignees:\n    w:\n"
+        "      command: [sh, -c, 'sleep 1; echo done']\n"
+    )
+    gate.start()
+    card_ids = gate.add_cards(30)
+    systemd_manager.wait_for(
+        lambda: any(c["status"] == "running" for c in gate.cards()),
+        timeout=20,
+        what="dispatch under way",
+    )
+    assert gate.unit is not None
+    systemd_manager.systemctl("kill", "--signal=SIGKILL", "--kill-whom=main", gate.unit)
+    systemd_manager.wait_for(lambda: not gate.active(), timeout=20, what="serve dead")
+    systemd_manager.systemctl("reset-failed", gate.unit, check=False)
+    gate.start()
+
+    def settled() -> bool:
+        return all(c["status"] == "done" for c in gate.cards())
+
+    systemd_manager.wait_for(settled, timeout=90, interval=0.25, what="30 cards done")
+    with gate.db() as conn:
+        for card_id in card_ids:
+            runs = conn.execute(
+                "SELECT outcome, started_at, ended_at FROM kanban_runs WHERE card_id = ?"
+                " ORDER BY claimed_at",
+                (card_id,),
+            ).fetchall()
+            completed = [r for r in runs if r["outcome"] == "completed"]
+            assert len(completed) == 1, (card_id, [tuple(r) for r in runs])
+            spans = [(r["started_at"], r["ended_at"]) for r in runs if r["started_at"]]
+            for (_, e1), (s2, _) in itertools.pairwise(spans):
+                assert e1 is not None and e1 <= s2, f"{card_id} had two live workers"
+    assert_fire_keys_unique(gate)
