@@ -1,0 +1,229 @@
+"""`dispatch serve` as a real process (no systemd needed): the notify protocol, the single-
+instance rule, immediate wake-ups, clean stops that leave workers running, adoption on restart,
+SIGHUP reloads and `dispatch status`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.wait import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CONFIG = """
+serve:
+  safety_tick: 30s
+kanban:
+  assignees:
+    quick:
+      command: [sh, -c, 'echo "hello from $DISPATCH_CARD_ID"']
+    gated:
+      command:
+        - sh
+        - -c
+        - 'echo started; while [ ! -e "$RELEASE" ]; do sleep 0.05; done; echo released'
+      env: {{RELEASE: "{release}"}}
+"""
+
+
+class Serve:
+    """A `dispatch serve` child with its own notify socket."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.state = home / "state"
+        self.config = home / "config.yaml"
+        self.release = home / "release"
+        self.config.write_text(CONFIG.format(release=self.release))
+        self.notify_path = home / "notify"
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(str(self.notify_path))
+        self.notify.settimeout(0.2)
+        self.messages: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+        self.stderr_path = home / "serve.err"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(HOME=str(self.home), PYTHONPATH=str(ROOT))
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "INVOCATION_ID"):
+            env.pop(name, None)
+        return env
+
+    def start(self, *, watchdog_usec: int | None = None) -> subprocess.Popen[str]:
+        env = self.env()
+        env["NOTIFY_SOCKET"] = str(self.notify_path)
+        if watchdog_usec:
+            env["WATCHDOG_USEC"] = str(watchdog_usec)
+        self.stderr = open(self.stderr_path, "a")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dispatcher.cli.main",
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.state),
+                "serve",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+            text=True,
+        )
+        self.wait_message("READY=1", timeout=20)
+        return self.proc
+
+    def read_messages(self) -> None:
+        while True:
+            try:
+                self.messages.append(self.notify.recv(4096).decode())
+            except (TimeoutError, BlockingIOError):
+                return
+
+    def wait_message(self, needle: str, timeout: float = 10.0) -> str:
+        def seen() -> str | None:
+            self.read_messages()
+            found = [m for m in self.messages if needle in m]
+            if self.proc is not None and self.proc.poll() is not None and not found:
+                raise AssertionError(f"serve exited {self.proc.returncode}: {self.log()}")
+            return found[-1] if found else None
+
+        result = wait_for(seen, timeout=timeout, what=f"notify message {needle!r}")
+        assert result is not None
+        return result
+
+    def dispatch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dispatcher.cli.main",
+                "--config",
+                str(self.config),
+                "--state-dir",
+                str(self.state),
+                *args,
+            ],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"dispatch {args}: exit {proc.returncode}: {proc.stderr}")
+        return proc
+
+    def card(self, card_id: str) -> dict:
+        return json.loads(self.dispatch("kanban", "show", card_id, "--json").stdout)
+
+    def log(self) -> str:
+        return self.stderr_path.read_text() if self.stderr_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=timeout)
+        self.stderr.close()
+        return code
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Serve]:
+    gateway = Serve(tmp_path)
+    yield gateway
+    gateway.release.touch()
+    if gateway.proc is not None and gateway.proc.poll() is None:
+        gateway.stop(signal.SIGKILL)
+    # Release and wait out any worker a failed assertion left behind.
+    if (gateway.state / "state.db").exists():
+        for session in json.loads(gateway.dispatch("ps", "--json", check=False).stdout or "[]"):
+            gateway.dispatch("kill", session["id"], "--grace", "0.5", check=False)
+    gateway.notify.close()
+
+
+def test_ready_status_and_single_instance(serve: Serve) -> None:
+    proc = serve.start()
+    assert "STATUS=" in serve.wait_message("READY=1")
+    second = serve.dispatch("serve", check=False)
+    assert second.returncode == 1
+    assert f"pid {proc.pid}" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    status = json.loads(serve.dispatch("status", "--json").stdout)
+    assert status["serve"]["running"] is True
+    assert status["serve"]["pid"] == proc.pid
+    assert serve.stop() == 0
+    status = json.loads(serve.dispatch("status", "--json").stdout)
+    assert status["serve"]["running"] is False
+
+
+def test_watchdog_pings_when_asked(serve: Serve) -> None:
+    serve.start(watchdog_usec=400_000)
+    serve.wait_message("WATCHDOG=1", timeout=5)
+    assert serve.stop() == 0
+    serve.read_messages()
+    assert any("STOPPING=1" in m for m in serve.messages)
+
+
+def test_a_card_added_elsewhere_runs_at_once(serve: Serve) -> None:
+    serve.start()
+    card_id = serve.dispatch("kanban", "add", "hi", "--assignee", "quick").stdout.strip()
+    # The safety tick is 30 s: finishing well within that proves the poke woke the gateway.
+    wait_for(lambda: serve.card(card_id)["status"] == "done", timeout=10, what="card done")
+    shown = serve.card(card_id)
+    (run,) = shown["runs"]
+    out = serve.dispatch("logs", run["session_id"]).stdout
+    assert out == f"hello from {card_id}\n"
+    assert serve.stop() == 0
+
+
+def test_sigterm_leaves_workers_running_and_the_next_serve_reports_them(serve: Serve) -> None:
+    serve.start()
+    card_id = serve.dispatch("kanban", "add", "long", "--assignee", "gated").stdout.strip()
+    wait_for(lambda: serve.card(card_id)["status"] == "running", timeout=10, what="running")
+    session_id = serve.card(card_id)["runs"][0]["session_id"]
+    wait_for(lambda: serve.dispatch("logs", session_id).stdout == "started\n", timeout=10)
+    begun = time.monotonic()
+    assert serve.stop() == 0
+    assert time.monotonic() - begun < 5
+    (session,) = [
+        s for s in json.loads(serve.dispatch("ps", "--json").stdout) if s["id"] == session_id
+    ]
+    assert session["state"] == "running"
+    assert os.path.exists(f"/proc/{session['pid']}")
+    serve.release.touch()
+    serve.start()
+    wait_for(lambda: serve.card(card_id)["status"] == "done", timeout=15, what="card done")
+    assert serve.dispatch("logs", session_id).stdout == "started\nreleased\n"
+    assert serve.card(card_id)["runs"][0]["exit_code"] == 0
+    assert serve.stop() == 0
+    assert "Traceback" not in serve.log()
+
+
+def test_sighup_rejects_a_bad_config_and_applies_a_good_one(serve: Serve) -> None:
+    proc = serve.start()
+    good = serve.config.read_text()
+    serve.config.write_text(good + "  bogus: [\n")
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload rejected" in serve.log(), timeout=10, what="rejection logged")
+    rejection = [line for line in serve.log().splitlines() if "reload rejected" in line]
+    assert len(rejection) == 1 and "config.yaml" in rejection[0]
+    assert proc.poll() is None
+    serve.config.write_text(good + "    late:\n      command: [sh, -c, 'echo late']\n")
+    proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reloaded" in serve.log(), timeout=10, what="reload logged")
+    card_id = serve.dispatch("kanban", "add", "new", "--assignee", "late").stdout.strip()
+    wait_for(lambda: serve.card(card_id)["status"] == "done", timeout=10, what="card done")
+    assert serve.stop() == 0
