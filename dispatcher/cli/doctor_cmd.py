@@ -7,15 +7,15 @@ Exit 0 when scoped placement works, 1 otherwise; with ``--json`` the report (see
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.gateway.units import units_report
 from scope import open_scoper, policy_from
 from scope.doctor import diagnose, healthy
 from scope.systemd import SystemdScoper
-
-HELP = "Check the systemd user bus, manager and probe; explain placement and remedies."
 
 EXIT_OK = 0
 EXIT_UNHEALTHY = 1
@@ -23,7 +23,14 @@ EXIT_UNHEALTHY = 1
 
 def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `doctor` command."""
-    parser = add_group(subparsers, "doctor", common, help=HELP)
+    parser = add_group(subparsers, "doctor", common)
+    parser.add_argument(
+        "--unit",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="also check this unit file (installed dispatch*.service files are always checked)",
+    )
     parser.set_defaults(handler=handle)
 
 
@@ -38,6 +45,15 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     assert isinstance(scoper, SystemdScoper)
     report = diagnose(scoper)
     ok = healthy(report)
+    report["units"] = units_report(
+        ctx.environ,
+        degrade_without_scope=settings.kanban.degrade_without_scope,
+        extra=[Path(p) for p in args.unit],
+    )
+    for unit in report["units"]:
+        for remedy in unit["remedies"]:
+            if remedy not in report["remedies"]:
+                report["remedies"].append(remedy)
     if ctx.json:
         ctx.emit_json(report)
     else:
@@ -64,6 +80,12 @@ def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
     ctx.out("placement:")
     for key, value in report["placement"].items():
         ctx.out(f"  {key:<15} {value}")
+    for unit in report.get("units", []):
+        state = "ok" if unit["ok"] else "CHECK"
+        ctx.out(f"unit:      {state}  {unit['path']} ({unit['manager']}, {unit['role']})")
+        for name, check in unit["checks"].items():
+            if not check["ok"]:
+                ctx.out(f"           {name}: {check['detail']}")
     if report["remedies"]:
         ctx.out("remedies:")
         for remedy in report["remedies"]:
