@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.cron.crontab import parse as parse_crontab
-from dispatcher.cron.envfile import read_env_file
-from dispatcher.cron.errors import EnvFileError
 from dispatcher.cron.launcher import FireRunner, claimant_token
 from dispatcher.cron.ledger import FireRecord, Ledger, Outcome, Status
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
@@ -28,6 +26,8 @@ from dispatcher.cron.report import iso_in, job_entry, policies, row_entry, sched
 from dispatcher.cron.timeline import CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
 from dispatcher.database import open_state
+from dispatcher.envfile import read_env_file
+from dispatcher.errors import EnvFileError
 from scope.abc import CallerKind
 from scope.clock import SystemClock
 from scope.errors import NotFoundError, UsageError

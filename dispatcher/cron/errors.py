@@ -8,7 +8,8 @@
     │   └── ZoneError             a time zone name that cannot be loaded (exit 2)
     └── DispatcherError           dispatcher/errors.py
         └── CronError             a cron operation failed (exit 1)
-            └── EnvFileError      a job's env_file is unreadable, unsafe or malformed
+
+(EnvFileError, shared with kanban, lives in dispatcher/errors.py.)
 """
 
 from __future__ import annotations
@@ -39,16 +40,6 @@ class CronError(DispatcherError):
         job = self.fields.get("job_id")
         prefix = f"cron job {job!r}: " if job else ""
         return f"{prefix}{self.fields['problem']}"
-
-
-class EnvFileError(CronError):
-    """A job's ``env_file`` cannot be used; the fire is recorded ``failed_start`` with this."""
-
-    def __init__(self, path: str, problem: str, *, remedy: str | None = None, **fields: Any):
-        super().__init__(problem, remedy=remedy, path=path, **fields)
-
-    def describe(self) -> str:
-        return f"env_file {self.fields['path']}: {self.fields['problem']}"
 
 
 class ZoneError(UsageError):

@@ -17,8 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispatcher.cron.envfile import read_env_file
-from dispatcher.cron.errors import EnvFileError
 from dispatcher.cron.ledger import (
     FAILURE_OUTCOMES,
     FireRecord,
@@ -27,6 +25,8 @@ from dispatcher.cron.ledger import (
     Status,
 )
 from dispatcher.cron.settings import CronJob
+from dispatcher.envfile import read_env_file
+from dispatcher.errors import EnvFileError
 from registry.abc import Owner, Registry, Session, SessionState, SpawnRequest
 from scope.abc import CallerKind
 from scope.errors import DispatchError, ManagerLost, NotFoundError, ScopeUnavailable

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dispatcher import envfile
+from dispatcher.errors import EnvFileError
 from dispatcher.kanban.errors import KanbanError
 from dispatcher.kanban.model import Card, Run
 from dispatcher.kanban.settings import Assignee
@@ -27,8 +27,6 @@ from scope.abc import CallerKind
 
 BODY_ENV_LIMIT = 64 * 1024
 """Bodies up to this many bytes (UTF-8) are also passed in ``DISPATCH_CARD_BODY``."""
-
-MAX_ENV_FILE_BYTES = 1024 * 1024
 
 UNIT_VARIABLES = (
     "INVOCATION_ID",
@@ -61,8 +59,6 @@ CARD_VARIABLES = (
     "DISPATCH_STATE_DIR",
     "DISPATCH_CONFIG",
 )
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class WorkerSetupError(KanbanError):
@@ -137,58 +133,17 @@ def _resolve(path: str, ctx: WorkerContext) -> Path:
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """``NAME=value`` lines (blank lines and ``#`` comments skipped, an optional ``export``
-    prefix, one layer of matching quotes removed). The file must be a regular file owned by us
-    and not readable or writable by group or others: it usually holds secrets."""
+    """The assignee's env_file (rules in :mod:`dispatcher.envfile`); a file that cannot be used
+    is a :class:`WorkerSetupError`, so the run is a ``config_error``."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as err:
+        return envfile.read_env_file(str(path))
+    except EnvFileError as err:
         raise WorkerSetupError(
-            f"cannot open env_file: {err.strerror}",
+            str(err.fields["problem"]),
             path=str(path),
-            remedy="create it (mode 0600) or remove env_file from the assignee",
+            line=err.fields.get("line"),
+            remedy=err.remedy or "fix the file (mode 0600, NAME=value lines) or remove env_file",
         ) from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise WorkerSetupError("env_file is not a regular file", path=str(path))
-        if info.st_uid != os.geteuid():
-            raise WorkerSetupError(
-                f"env_file is owned by uid {info.st_uid}, not by us (uid {os.geteuid()})",
-                path=str(path),
-                remedy=f"chown it to uid {os.geteuid()}",
-            )
-        if stat.S_IMODE(info.st_mode) & 0o077:
-            raise WorkerSetupError(
-                f"env_file has mode {stat.S_IMODE(info.st_mode):04o}; it may hold secrets",
-                path=str(path),
-                remedy=f"chmod 600 {path}",
-            )
-        raw = handle.read(MAX_ENV_FILE_BYTES + 1)
-    if len(raw) > MAX_ENV_FILE_BYTES:
-        raise WorkerSetupError("env_file is larger than 1 MiB", path=str(path))
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise WorkerSetupError("env_file is not valid UTF-8", path=str(path)) from None
-    found: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.startswith("export "):
-            stripped = stripped[len("export ") :].lstrip()
-        name, sep, value = stripped.partition("=")
-        name = name.strip()
-        if not sep or not _ENV_NAME.fullmatch(name):
-            raise WorkerSetupError(
-                "expected NAME=value", path=str(path), line=number, remedy="fix or remove the line"
-            )
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        found[name] = value
-    return found
 
 
 def worker_env(

@@ -1,6 +1,6 @@
-"""A job's ``env_file``: ``NAME=value`` lines, readable only by us.
+"""An ``env_file`` (cron jobs and kanban assignees): ``NAME=value`` lines, readable only by us.
 
-The file usually holds secrets, so it must be a regular file owned by the user the scheduler runs
+The file usually holds secrets, so it must be a regular file owned by the user dispatch runs
 as, with no group or other permission bits (mode 0600 or stricter). The check is made on the
 opened file descriptor, so swapping the file between the check and the read changes nothing.
 
@@ -15,7 +15,7 @@ import os
 import re
 import stat
 
-from dispatcher.cron.errors import EnvFileError
+from dispatcher.errors import EnvFileError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_BYTES = 1024 * 1024
@@ -36,7 +36,7 @@ def read_env_file(path: str, *, uid: int | None = None) -> dict[str, str]:
         if info.st_uid != uid:
             raise EnvFileError(
                 path,
-                f"owned by uid {info.st_uid}, not by the scheduler's user (uid {uid})",
+                f"owned by uid {info.st_uid}, not by the user dispatch runs as (uid {uid})",
                 remedy=f"chown it to uid {uid}",
             )
         mode = stat.S_IMODE(info.st_mode)
