@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -68,6 +69,11 @@ def main(
     except DispatchError as err:
         print(f"dispatch: error: {err.message}", file=sys.stderr)
         return err.exit_code
+    except sqlite3.DatabaseError as err:
+        # Store queries raise sqlite3 errors for a damaged or foreign database: one line, no
+        # traceback (the state module translates what it can foresee; this is the backstop).
+        print(f"dispatch: error: state database: {err}; check --state-dir", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("dispatch: interrupted", file=sys.stderr)
         return 130

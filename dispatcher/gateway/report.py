@@ -132,4 +132,22 @@ def _recent_errors(runtime: Runtime, served: list[dict[str, Any]], limit: int = 
             }
         )
     errors.sort(key=lambda item: item.get("at") or 0, reverse=True)
-    return errors[:limit]
+    # The gateway logs what the database also records (a refused run, a failed fire): show
+    # each event once, keeping the database's wording.
+    unique: list[dict[str, Any]] = []
+    for item in errors:
+        if not any(_same_event(item, kept) for kept in unique):
+            unique.append(item)
+    return unique[:limit]
+
+
+def _same_event(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    close = abs((a.get("at") or 0) - (b.get("at") or 0)) < 2
+    ma, mb = str(a.get("message", "")), str(b.get("message", ""))
+    return close and (ma == mb or _core(ma) == _core(mb))
+
+
+def _core(message: str) -> str:
+    """The error text after the run/fire prefix (``card c_1 run r_2: spawn_refused: ...``)."""
+    parts = message.split(": ", 2)
+    return parts[-1][:120]

@@ -24,6 +24,7 @@ import os
 import queue
 import select
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -115,9 +116,25 @@ class Gateway:
             os.write(self._pipe_w, b"x")
 
     def request_stop(self, *_: object) -> None:
-        """Begin a clean shutdown (SIGTERM/SIGINT handler; safe from any thread)."""
-        self._stop = True
+        """Begin a clean shutdown (SIGTERM/SIGINT handler; safe from any thread).
+
+        The shutdown is bounded by ``serve.stop_timeout``: a tick or flush that hangs past it
+        ends the process (exit 1) rather than leaving systemd to SIGKILL it later."""
+        if not self._stop:
+            self._stop = True
+            timer = threading.Timer(self.settings.serve.stop_timeout, self._stop_overdue)
+            timer.daemon = True
+            timer.start()
         self._nudge()
+
+    def _stop_overdue(self) -> None:
+        log.error(
+            "shutdown took longer than serve.stop_timeout (%g s); exiting now. Workers keep "
+            "running and the next serve adopts them",
+            self.settings.serve.stop_timeout,
+        )
+        logging.shutdown()
+        os._exit(EXIT_FAILED)
 
     def request_reload(self, *_: object) -> None:
         """Reload the config at the next loop turn (SIGHUP handler)."""
@@ -368,11 +385,15 @@ class Gateway:
             if degraded:
                 names = ", ".join(f"{s.id} ({s.owner})" for s in degraded)
                 log.warning(
-                    "%d degraded (unscoped) workers will be lost when this unit stops: %s",
+                    "%d degraded (unscoped) workers are lost when this unit stops, unless its "
+                    "KillMode=process: %s",
                     len(degraded),
                     names,
                 )
-            log.info("stopping; %d workers keep running", len(running))
+            log.info(
+                "stopping; %d workers keep running in their own scopes or sessions",
+                len(running) - len(degraded),
+            )
             self._write_status(stopping=True)
         except Exception:
             log.exception("final bookkeeping failed")
