@@ -642,3 +642,45 @@ def test_spawns_keep_claim_order_at_any_concurrency(tmp_path: Path, concurrency:
         report = rig.tick()
         assert [d.card_id for d in report.dispatched] == ids
         assert len(rig.registry.running()) == 6
+
+
+# -- degraded workers taken down by the gateway's stop -----------------------------------------
+
+
+def degraded_rig(tmp_path: Path) -> Iterator[Rig]:
+    settings = KanbanSettings(
+        degrade_without_scope=True, assignees={"w": Assignee(command=("worker",))}
+    )
+    scoper = FakeScoper(
+        in_teardown_unit=True,
+        probe_ok=False,
+        policy=Policy(kanban_degrade_without_scope=True),
+    )
+    yield from make_rig(tmp_path, settings=settings, scoper=scoper)
+
+
+def test_a_degraded_worker_killed_by_the_gateway_stop_is_not_counted(tmp_path: Path) -> None:
+    for rig in degraded_rig(tmp_path):
+        card_id = rig.add()
+        rig.tick()
+        session = rig.registry.get(rig.session_of(card_id))
+        assert session.placement is Placement.DEGRADED
+        assert rig.dispatcher.gateway_stopping([session], rig.clock.time())
+        rig.registry.finish(session.id, exit_code=None, signal="SIGTERM")
+        rig.dispatcher.reconcile(rig.clock.time())
+        card = rig.store.get_card(card_id)
+        assert card.status is CardStatus.READY
+        assert card.consecutive_failures == 0
+        assert "interrupted" in rig.events(card_id)
+        (run, *_) = rig.store.runs_of(card_id)
+        assert run.infrastructure is True and run.signal == "SIGTERM"
+
+
+def test_a_degraded_worker_that_fails_on_its_own_still_counts(tmp_path: Path) -> None:
+    for rig in degraded_rig(tmp_path):
+        card_id = rig.add()
+        rig.tick()
+        session_id = rig.session_of(card_id)
+        rig.registry.finish(session_id, exit_code=None, signal="SIGTERM")
+        rig.tick()
+        assert rig.store.get_card(card_id).consecutive_failures == 1

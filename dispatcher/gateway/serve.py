@@ -382,6 +382,8 @@ class Gateway:
             self._settle_finished()
             running = runtime.registry.list_sessions()
             degraded = [s for s in running if s.placement is Placement.DEGRADED]
+            if degraded and self._kanban is not None:
+                self._kanban.gateway_stopping(degraded, self.clock.time())
             if degraded:
                 names = ", ".join(f"{s.id} ({s.owner})" for s in degraded)
                 log.warning(

@@ -19,7 +19,7 @@ import concurrent.futures
 import contextlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dispatcher.kanban.abc import BoardStore, ClaimVerdict
@@ -505,7 +505,20 @@ class KanbanDispatcher:
     def _close_from_session(
         self, run: Run, session: Session, now: float, sink: list[Closed]
     ) -> None:
-        done = self._close(run, result_from_session(session), now)
+        result = result_from_session(session)
+        if (
+            result.outcome in (RunOutcome.FAILED, RunOutcome.LOST)
+            and session.placement is Placement.DEGRADED
+            and session.exit_code is None
+            and self._interrupted(run)
+        ):
+            result = replace(
+                result,
+                infrastructure=True,
+                error=f"{result.error or 'ended'}: the gateway stopped and its unit took this "
+                "degraded (unscoped) worker with it; not counted",
+            )
+        done = self._close(run, result, now)
         if done is not None:
             sink.append(done)
 
@@ -527,7 +540,37 @@ class KanbanDispatcher:
             infrastructure=result.infrastructure,
         )
 
+    def _interrupted(self, run: Run) -> bool:
+        return any(
+            event.kind == EventKind.INTERRUPTED and event.run_id == run.run_id
+            for event in self.store.events_of(run.card_id)
+        )
+
     # -- for the gateway ---------------------------------------------------------------------
+
+    def gateway_stopping(self, sessions: list[Session], now: float) -> list[str]:
+        """Note that the gateway is stopping while these degraded kanban workers run: if they
+        die with its unit, their runs close as infrastructure (card ready again, not counted).
+        Returns the run ids noted."""
+        noted = []
+        for session in sessions:
+            if session.owner.kind != "kanban" or session.placement is not Placement.DEGRADED:
+                continue
+            try:
+                run = self.store.get_run(session.owner.id)
+            except NotFoundError:
+                continue
+            if not run.open:
+                continue
+            self.store.append_event(
+                run.card_id,
+                EventKind.INTERRUPTED,
+                {"session_id": session.id, "reason": "the gateway is stopping"},
+                now=now,
+                run_id=run.run_id,
+            )
+            noted.append(run.run_id)
+        return noted
 
     def session_finished(self, session: Session, now: float) -> Closed | None:
         """Close the run of a finished kanban session at once (a registry finish listener

@@ -170,6 +170,13 @@ def after_run(card: Card, run: Run, result: RunResult, breaker: Breaker, now: fl
             },
             events=((EventKind.SPAWN_REFUSED, data),),
         )
+    if result.infrastructure and outcome in (RunOutcome.FAILED, RunOutcome.LOST):
+        # A degraded worker taken down by its gateway's stop: not the card's fault.
+        data["infrastructure"] = True
+        return CardChange(
+            fields={"status": CardStatus.READY, "last_failure_error": result.error},
+            events=((EventKind.INTERRUPTED, data),),
+        )
     if outcome in (RunOutcome.RECLAIMED, RunOutcome.REPLACED):
         return CardChange(
             fields={"status": CardStatus.READY}, events=((EventKind.RECLAIMED, data),)
