@@ -16,6 +16,19 @@ Vocabulary (shared; use these exact values):
 * :class:`SessionState`: ``running``, ``exited``, ``killed``, ``timed_out``, ``lost``,
   ``failed_start``.
 * Placement values come from :class:`scope.abc.Placement`.
+* :class:`EventType`: ``completion``, ``heartbeat``, ``watch``, ``watch_disabled``,
+  ``handoff``, ``orphaned``.
+
+Events (see docs/events.md): a session spawned with ``notify`` (or with heartbeats or watch
+patterns) produces durable :class:`Event` rows routed to its :class:`Owner`. Exactly one
+registry instance publishes a session's completion, in the same state-database transaction
+that stores its final state; consumers read them with :meth:`Registry.events` and acknowledge
+them by id with :meth:`Registry.ack` (idempotent), so a consumer that crashed before
+acknowledging sees the same ids again and deduplicates by id.
+
+Output hooks: every text of output the registry hands to a program (poll/wait/kill snapshots,
+previews, event outputs) first passes the owner's transform hook (if any), then redaction of
+secrets. The hook gets a :class:`HookContext` naming the *owning* session.
 """
 
 from __future__ import annotations
@@ -23,8 +36,9 @@ from __future__ import annotations
 import abc
 import enum
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from scope.abc import CallerKind, Placement
 
@@ -71,6 +85,18 @@ class Owner:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WatchPattern:
+    """A watch pattern: a substring (default) or a regular expression, matched against whole
+    lines of a session's output."""
+
+    pattern: str
+    regex: bool = False
+
+    def __str__(self) -> str:
+        return f"re:{self.pattern}" if self.regex else self.pattern
+
+
+@dataclass(frozen=True, kw_only=True)
 class Session:
     """A snapshot of one launched process (immutable; ask the registry for a fresh one)."""
 
@@ -109,6 +135,16 @@ class Session:
     """Free-form caller data stored with the session (card id, job id, ...)."""
     warning: str | None = None
     """Why the placement is ``degraded`` (cause and remedy), else None."""
+    notify: bool = False
+    """A completion event is published for the owner when the session ends."""
+    heartbeat: float | None = None
+    """Seconds between heartbeat events (None: no heartbeats)."""
+    watch: tuple[WatchPattern, ...] = ()
+    """Watch patterns; a matching output line publishes a watch event."""
+    handoff_note: str | None = None
+    """The purpose note of the last handoff (rides on the completion event)."""
+    handoff_from: Owner | None = None
+    """The owner that handed the session to its current owner."""
 
     @property
     def finished(self) -> bool:
@@ -135,8 +171,21 @@ class SpawnRequest:
     """Ids for the scope's unit name (``("c1", "run", "r7")``)."""
     wants_isolation: bool = True
     output_chars: int | None = None
-    """Characters of output carried by this session's completion (default from settings)."""
+    """Characters of output carried by this session's completion and snapshots (default
+    ``registry.output_chars``; e.g. 16000 for a bot reply)."""
     labels: Mapping[str, str] = field(default_factory=dict)
+    notify: bool = False
+    """Publish a completion event for ``owner`` when the session ends."""
+    heartbeat: float | None = None
+    """Publish a heartbeat event every this many seconds while it runs (floor
+    :data:`HEARTBEAT_FLOOR`; shorter values are raised to it), each carrying only the output
+    written since the previous one. Implies ``notify``."""
+    heartbeat_liveness: bool = False
+    """Also publish a heartbeat (with empty output) when nothing new was written."""
+    watch: Sequence[str | WatchPattern] = ()
+    """Watch patterns (a plain string is a substring). Matching lines publish watch events,
+    with a cooldown, a strike limit and a lifetime cap; once disabled the session falls back
+    to notify-on-complete."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +216,113 @@ class WaitResult:
 
 FinishListener = Callable[[Session], None]
 """Called (from a registry thread) once per session after its final state is stored."""
+
+HEARTBEAT_FLOOR = 60.0
+"""The shortest heartbeat interval, in seconds."""
+
+MAX_HANDOFFS = 3
+"""How many sessions one owner may hand to others."""
+
+
+class EventType(enum.StrEnum):
+    """What an :class:`Event` reports."""
+
+    COMPLETION = "completion"
+    """The session reached its final state (exactly one per notifying session)."""
+    HEARTBEAT = "heartbeat"
+    """The session still runs; carries the output written since the previous heartbeat."""
+    WATCH = "watch"
+    """Output lines matched a watch pattern."""
+    WATCH_DISABLED = "watch_disabled"
+    """Watching stopped (strike limit, lifetime cap); the completion will still come."""
+    HANDOFF = "handoff"
+    """The session was handed to this owner (routed to the new owner)."""
+    ORPHANED = "orphaned"
+    """The owner tore down while the session ran; the session is being killed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """One durable event, routed to ``owner`` (the session's owner when it was published)."""
+
+    id: str
+    """``e_`` + 16 hex digits; unique; consumers deduplicate and acknowledge by it."""
+    seq: int
+    """Per-session sequence number (1, 2, ...): the order of a session's events."""
+    type: EventType
+    session_id: str
+    owner: Owner
+    created_at: float
+    position: int = 0
+    """Global insertion order (for ``events(after=...)``)."""
+    state: SessionState | None = None
+    """The session's state when the event was published (final for a completion)."""
+    exit_code: int | None = None
+    signal: str | None = None
+    completion_reason: str | None = None
+    output: str = ""
+    """Output text with the hooks applied: the last N characters for a completion, the new
+    output for a heartbeat, the matching lines for a watch event."""
+    output_cut: int = 0
+    """Characters of the relevant output not included in ``output``."""
+    log_path: str | None = None
+    """The raw log, for everything ``output`` does not carry."""
+    note: str | None = None
+    """The handoff purpose note (handoff and completion events)."""
+    data: Mapping[str, Any] = field(default_factory=dict)
+    """Type-specific facts: watch ``pattern``/``suppressed``, handoff ``from``/``to``, ..."""
+    acked_at: float | None = None
+
+    @property
+    def acked(self) -> bool:
+        """Whether a consumer acknowledged the event."""
+        return self.acked_at is not None
+
+
+EventListener = Callable[[Event], None]
+"""Called (from a registry thread) for every event this registry instance publishes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AckResult:
+    """What :meth:`Registry.ack` did with each id."""
+
+    acked: tuple[str, ...] = ()
+    """Acknowledged by this call."""
+    already: tuple[str, ...] = ()
+    """Acknowledged before (a repeated ack is harmless)."""
+    unknown: tuple[str, ...] = ()
+    """No such event (never existed, or trimmed after it was acknowledged)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HookContext:
+    """What an output hook learns about the text it gets: always the *owning* session."""
+
+    session_id: str
+    owner: Owner
+    exit_code: int | None
+    """None while the session runs."""
+    purpose: str
+    """``poll``, ``wait``, ``kill``, ``preview``, ``completion``, ``heartbeat``, ``watch``,
+    ``logs``."""
+
+
+OutputTransform = Callable[[str, HookContext], str]
+"""An output-transform hook: runs before redaction on every output handed to a program."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeardownReport:
+    """The final report of an owner's teardown."""
+
+    owner: Owner
+    orphaned: tuple[Snapshot, ...] = ()
+    """Sessions it still owned, killed by the teardown (final snapshots)."""
+    unread: tuple[Event, ...] = ()
+    """Completion events it never acknowledged (acknowledged by the teardown)."""
+    errors: tuple[str, ...] = ()
+    """Sessions that could not be killed, in words."""
 
 
 class Registry(abc.ABC):
@@ -259,6 +415,56 @@ class Registry(abc.ABC):
     def add_finish_listener(self, listener: FinishListener) -> None:
         """Call ``listener`` once for every session that reaches a final state while this
         registry instance is watching (including those finalized by :meth:`adopt`)."""
+
+    # -- events, ownership ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def events(
+        self,
+        *,
+        owner: Owner | str | None = None,
+        include_acked: bool = False,
+        session_id: str | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Stored events, oldest first: unacknowledged ones unless ``include_acked``.
+
+        ``owner`` routes: an :class:`Owner` or its string matches exactly, and a string also
+        matches as a prefix ending at ``:`` (``"cli"``, ``"cli:alice"``). ``after``: only events
+        with a larger :attr:`Event.position`."""
+
+    @abc.abstractmethod
+    def ack(self, event_ids: Iterable[str]) -> AckResult:
+        """Acknowledge events by id. Idempotent: acknowledging twice changes nothing."""
+
+    @abc.abstractmethod
+    def pending_completions(self, owner: Owner | str | None = None) -> int:
+        """Sessions that finished (exit record written, or final state) but whose completion
+        event is not published yet. A short-lived caller waits for 0 before it exits."""
+
+    @abc.abstractmethod
+    def handoff(self, session_id: str, to: Owner, *, note: str, by: Owner | None = None) -> Session:
+        """Give a running session to another owner with a purpose note (which rides on its
+        completion); its later events are routed to ``to``. ``by`` (when given) must be the
+        current owner. An owner may hand off at most :data:`MAX_HANDOFFS` sessions."""
+
+    @abc.abstractmethod
+    def teardown_owner(
+        self, owner: Owner, *, reason: str | None = None, grace: float | None = None
+    ) -> TeardownReport:
+        """An owner's explicit end (a library client closing, a run archived): kill the
+        sessions it still owns (reported as orphaned) and collect the completion events it
+        never acknowledged. The exit of a launching process is never a teardown."""
+
+    @abc.abstractmethod
+    def add_event_listener(self, listener: EventListener) -> None:
+        """Call ``listener`` for every event this instance publishes."""
+
+    def preview(self, session_id: str, chars: int = 200) -> str:
+        """The last ``chars`` characters of a session's output (hooks applied)."""
+        text = self.poll(session_id).output
+        return text[-chars:] if chars > 0 else ""
 
     def close(self) -> None:  # noqa: B027 - optional hook with a no-op default
         """Stop threads and release handles; running workers keep running."""

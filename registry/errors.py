@@ -7,7 +7,8 @@
     │   └── AmbiguousId          an id prefix matches several sessions/cards/runs (exit 2)
     └── RegistryError            spawning, killing or reading a session failed
         ├── StateError           the state database is unusable or from a newer version
-        └── SpawnRefused         the registry will not run this command (names the alternative)
+        ├── SpawnRefused         the registry will not run this command (names the alternative)
+        └── HandoffRefused       a session cannot be handed to another owner
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ class SpawnRefused(RegistryError):
 
     def describe(self) -> str:
         return f"refused to run the command: {self.fields['reason']}"
+
+
+class HandoffRefused(RegistryError):
+    """A handoff was refused: the session is final, owned by someone else, or the owner used
+    up its handoffs."""
+
+    def __init__(
+        self, reason: str, *, session: str, remedy: str | None = None, **fields: Any
+    ) -> None:
+        super().__init__(remedy=remedy, reason=reason, session=session, **fields)
+
+    def describe(self) -> str:
+        return f"cannot hand off session {self.fields['session']}: {self.fields['reason']}"
 
 
 class AmbiguousId(UsageError):

@@ -4,6 +4,11 @@ For unit tests of callers (cron, kanban, users' own code). Sessions start ``runn
 ends them with :meth:`FakeRegistry.finish` and listeners fire as with the real registry. Spawn
 placement comes from an optional :class:`~scope.abc.Scoper` (so refusals and degrades follow
 the real placement table) or defaults to ``in_process``.
+
+Events follow the contract in memory: a notifying session's :meth:`FakeRegistry.finish`
+publishes one completion event (ids, per-session sequence numbers, acknowledgement, routing,
+handoffs, teardown); :meth:`FakeRegistry.publish` lets a test add heartbeat or watch events.
+Output handed out passes the same hooks as in the real registry (redaction on by default).
 """
 
 from __future__ import annotations
@@ -12,10 +17,16 @@ import secrets
 import signal as signals
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from registry.abc import (
+    MAX_HANDOFFS,
+    AckResult,
+    Event,
+    EventListener,
+    EventType,
     FinishListener,
     Owner,
     Registry,
@@ -23,12 +34,20 @@ from registry.abc import (
     SessionState,
     Snapshot,
     SpawnRequest,
+    TeardownReport,
     WaitOutcome,
     WaitResult,
 )
-from registry.errors import AmbiguousId
+from registry.errors import AmbiguousId, HandoffRefused, RegistryError
+from registry.events import new_event_id
+from registry.heartbeat import clamp_interval
+from registry.hooks import OutputHooks
+from registry.redact import Redactor
+from registry.watch import parse_patterns
 from scope.abc import Placement, Scoper
-from scope.errors import NotFoundError
+from scope.errors import NotFoundError, UsageError
+
+DEFAULT_OUTPUT_CHARS = 2000
 
 
 class FakeRegistry(Registry):
@@ -38,9 +57,18 @@ class FakeRegistry(Registry):
         self,
         scoper: Scoper | None = None,
         clock: Callable[[], float] = time.time,
+        hooks: OutputHooks | None = None,
+        output_chars: int = DEFAULT_OUTPUT_CHARS,
     ) -> None:
         self.scoper = scoper
         self.clock = clock
+        self.hooks = hooks if hooks is not None else OutputHooks(redactor=Redactor())
+        self.output_chars = output_chars
+        self.event_log: list[Event] = []
+        """Every stored event, oldest first (acknowledged ones too)."""
+        self._event_seq: dict[str, int] = {}
+        self._handoffs: dict[str, int] = {}
+        self._event_listeners: list[EventListener] = []
         self.sessions: dict[str, Session] = {}
         self.outputs: dict[str, bytearray] = {}
         self.stdin: dict[str, bytearray] = {}
@@ -83,8 +111,76 @@ class FakeRegistry(Registry):
             )
             self.sessions[session_id] = done
             self._cond.notify_all()
+            event = None
+            if done.notify:
+                view, cut = self._tail(session_id)
+                code = done.exit_code
+                event = self._store_event(
+                    done,
+                    EventType.COMPLETION,
+                    output=self._handed(view, done, code, "completion"),
+                    output_cut=cut,
+                    data={"total_bytes": done.total_bytes},
+                )
+        self._emit(event)
         self._notify(done)
         return done
+
+    def publish(
+        self,
+        session_id: str,
+        type: EventType,
+        *,
+        output: str = "",
+        output_cut: int = 0,
+        data: Mapping[str, Any] | None = None,
+    ) -> Event:
+        """Test control: store an event (a heartbeat, a watch match ...) for a session."""
+        with self._cond:
+            session = self.get(session_id)
+            event = self._store_event(
+                session,
+                EventType(type),
+                output=self._handed(output, session, session.exit_code, EventType(type).value),
+                output_cut=output_cut,
+                data=dict(data or {}),
+            )
+        self._emit(event)
+        return event
+
+    def _store_event(
+        self,
+        session: Session,
+        type: EventType,
+        *,
+        output: str = "",
+        output_cut: int = 0,
+        note: str | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> Event:
+        seq = self._event_seq.get(session.id, 0) + 1
+        self._event_seq[session.id] = seq
+        final = type is EventType.COMPLETION
+        event = Event(
+            id=new_event_id(),
+            seq=seq,
+            type=type,
+            session_id=session.id,
+            owner=session.owner,
+            created_at=self.clock(),
+            position=len(self.event_log) + 1,
+            state=session.state,
+            exit_code=session.exit_code if final else None,
+            signal=session.signal if final else None,
+            completion_reason=session.completion_reason if final else None,
+            output=output,
+            output_cut=output_cut,
+            log_path=session.log_path,
+            note=note if note is not None else session.handoff_note,
+            data=dict(data or {}),
+        )
+        self.event_log.append(event)
+        return event
 
     def running(self) -> list[Session]:
         """Sessions still running."""
@@ -105,6 +201,8 @@ class FakeRegistry(Registry):
         if placement is Placement.SCOPED:
             unit = "-".join(("dispatch", request.caller.value, *request.unit_parts, sid)) + ".scope"
         argv = (request.argv,) if isinstance(request.argv, str) else tuple(request.argv)
+        watch = parse_patterns(request.watch)
+        heartbeat = None if request.heartbeat is None else clamp_interval(request.heartbeat)
         now = self.clock()
         failed = argv[0] in self.failed_start_argv0
         session = Session(
@@ -124,6 +222,9 @@ class FakeRegistry(Registry):
             timeout=request.timeout,
             labels=dict(request.labels),
             warning=warning,
+            notify=request.notify or heartbeat is not None,
+            heartbeat=heartbeat,
+            watch=watch,
         )
         with self._cond:
             self.sessions[sid] = session
@@ -131,6 +232,11 @@ class FakeRegistry(Registry):
             self.stdin[sid] = bytearray()
             self.requests[sid] = request
         if failed:
+            event = None
+            if session.notify:
+                with self._cond:
+                    event = self._store_event(session, EventType.COMPLETION)
+            self._emit(event)
             self._notify(session)
         return session
 
@@ -156,9 +262,30 @@ class FakeRegistry(Registry):
         return sorted(found, key=lambda s: s.started_at or 0, reverse=True)
 
     def poll(self, session_id: str) -> Snapshot:
+        return self._snapshot(session_id, "poll")
+
+    def _snapshot(self, session_id: str, purpose: str) -> Snapshot:
         session = self.get(session_id)
+        text, cut = self._tail(session_id)
+        return Snapshot(
+            session=session,
+            output=self._handed(text, session, session.exit_code, purpose),
+            output_cut=cut,
+        )
+
+    def _tail(self, session_id: str) -> tuple[str, int]:
+        request = self.requests.get(session_id)
+        chars = self.output_chars
+        if request is not None and request.output_chars is not None:
+            chars = request.output_chars
         text = bytes(self.outputs[session_id]).decode("utf-8", "replace")
-        return Snapshot(session=session, output=text, output_cut=0)
+        shown = text[-chars:] if chars > 0 else ""
+        return shown, len(text) - len(shown)
+
+    def _handed(self, text: str, session: Session, exit_code: int | None, purpose: str) -> str:
+        return self.hooks.apply(
+            text, session_id=session.id, owner=session.owner, exit_code=exit_code, purpose=purpose
+        )
 
     def wait(
         self,
@@ -174,13 +301,15 @@ class FakeRegistry(Registry):
                     interrupt.is_set() if isinstance(interrupt, threading.Event) else interrupt()
                 ):
                     return WaitResult(
-                        outcome=WaitOutcome.INTERRUPTED, snapshot=self.poll(session_id)
+                        outcome=WaitOutcome.INTERRUPTED, snapshot=self._snapshot(session_id, "wait")
                     )
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    return WaitResult(outcome=WaitOutcome.TIMEOUT, snapshot=self.poll(session_id))
+                    return WaitResult(
+                        outcome=WaitOutcome.TIMEOUT, snapshot=self._snapshot(session_id, "wait")
+                    )
                 self._cond.wait(0.05 if remaining is None else min(0.05, remaining))
-        return WaitResult(outcome=WaitOutcome.FINISHED, snapshot=self.poll(session_id))
+        return WaitResult(outcome=WaitOutcome.FINISHED, snapshot=self._snapshot(session_id, "wait"))
 
     def read_log(
         self,
@@ -222,7 +351,7 @@ class FakeRegistry(Registry):
                 state=state,
                 reason=reason,
             )
-        return self.poll(session_id)
+        return self._snapshot(session_id, "kill")
 
     def adopt(self) -> list[Session]:
         return []
@@ -233,9 +362,117 @@ class FakeRegistry(Registry):
     def add_finish_listener(self, listener: FinishListener) -> None:
         self._listeners.append(listener)
 
+    # -- events and ownership ----------------------------------------------------------------
+
+    def events(
+        self,
+        *,
+        owner: Owner | str | None = None,
+        include_acked: bool = False,
+        session_id: str | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        with self._cond:
+            found = [
+                e
+                for e in self.event_log
+                if (include_acked or e.acked_at is None)
+                and (session_id is None or e.session_id == session_id)
+                and (after is None or e.position > after)
+                and (owner is None or _routed(e.owner, owner))
+            ]
+        return found if limit is None else found[: max(0, limit)]
+
+    def ack(self, event_ids: Iterable[str]) -> AckResult:
+        acked: list[str] = []
+        already: list[str] = []
+        unknown: list[str] = []
+        with self._cond:
+            index = {e.id: i for i, e in enumerate(self.event_log)}
+            for event_id in dict.fromkeys(event_ids):
+                where = index.get(event_id)
+                if where is None:
+                    unknown.append(event_id)
+                elif self.event_log[where].acked_at is not None:
+                    already.append(event_id)
+                else:
+                    self.event_log[where] = replace(self.event_log[where], acked_at=self.clock())
+                    acked.append(event_id)
+        return AckResult(acked=tuple(acked), already=tuple(already), unknown=tuple(unknown))
+
+    def pending_completions(self, owner: Owner | str | None = None) -> int:
+        return 0  # finish() stores the final state and the completion together
+
+    def handoff(self, session_id: str, to: Owner, *, note: str, by: Owner | None = None) -> Session:
+        text = note.strip()
+        if not text:
+            raise UsageError("a handoff needs a purpose note")
+        with self._cond:
+            session = self.get(session_id)
+            if session.finished:
+                raise HandoffRefused(f"it is {session.state.value}", session=session_id)
+            current = session.owner
+            if by is not None and by != current:
+                raise HandoffRefused(f"it is owned by {current}, not {by}", session=session_id)
+            if to == current:
+                raise HandoffRefused(f"it is already owned by {to}", session=session_id)
+            if self._handoffs.get(str(current), 0) >= MAX_HANDOFFS:
+                raise HandoffRefused(
+                    f"owner {current} already handed off {MAX_HANDOFFS} sessions",
+                    session=session_id,
+                )
+            self._handoffs[str(current)] = self._handoffs.get(str(current), 0) + 1
+            moved = replace(session, owner=to, handoff_note=text, handoff_from=current)
+            self.sessions[session_id] = moved
+            event = self._store_event(
+                moved, EventType.HANDOFF, note=text, data={"from": str(current), "to": str(to)}
+            )
+        self._emit(event)
+        return moved
+
+    def teardown_owner(
+        self, owner: Owner, *, reason: str | None = None, grace: float | None = None
+    ) -> TeardownReport:
+        why = reason or f"owner {owner} tore down"
+        orphaned: list[Snapshot] = []
+        errors: list[str] = []
+        for session in [s for s in self.running() if s.owner == owner]:
+            with self._cond:
+                event = self._store_event(session, EventType.ORPHANED, data={"reason": why})
+            self._emit(event)
+            try:
+                orphaned.append(self.kill(session.id, grace=grace, reason=f"orphaned: {why}"))
+            except RegistryError as err:
+                errors.append(f"{session.id}: {err}")
+        pending = self.events(owner=owner)
+        self.ack(e.id for e in pending)
+        return TeardownReport(
+            owner=owner,
+            orphaned=tuple(orphaned),
+            unread=tuple(e for e in pending if e.type is EventType.COMPLETION),
+            errors=tuple(errors),
+        )
+
+    def add_event_listener(self, listener: EventListener) -> None:
+        self._event_listeners.append(listener)
+
+    def _emit(self, event: Event | None) -> None:
+        if event is None:
+            return
+        for listener in list(self._event_listeners):
+            listener(event)
+
     def _notify(self, session: Session) -> None:
         for listener in list(self._listeners):
             listener(session)
+
+
+def _routed(owner: Owner, wanted: Owner | str) -> bool:
+    if isinstance(wanted, Owner):
+        return owner == wanted
+    text = str(owner)
+    return text == wanted or text.startswith(wanted + ":")
 
 
 def owner(kind: str, ident: str) -> Owner:

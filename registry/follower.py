@@ -56,6 +56,8 @@ class Followed:
     next_check: float = 0.0
     listeners_done: bool = False
     extra: dict[str, object] = field(default_factory=dict)
+    sink: Callable[[int, bytes], None] | None = None
+    """Also gets every chunk read, with its log position (watch patterns)."""
 
 
 class Follower:
@@ -251,8 +253,11 @@ class Follower:
 
 
 def _read(entry: Followed) -> int:
+    start = entry.reader.offset
     data = entry.reader.read_new()
     entry.tail.feed(data)
+    if data and entry.sink is not None:
+        entry.sink(start, data)
     return len(data)
 
 

@@ -18,7 +18,9 @@ it. What it does, in order:
    (SIGTERM, grace, SIGKILL; inside its own scope also every other pid of its cgroup);
 6. writes ``exit.json`` (temp + fsync + rename, space reserved at start so a full disk cannot
    stop it) as soon as the direct child exits, then keeps capturing what descendants still
-   write until EOF or the drain bound, and rewrites the record once more if bytes arrived.
+   write until EOF or the drain bound, and rewrites the record once more if bytes arrived;
+7. in PTY mode answers the terminal queries a worker may block on (:class:`TermResponder`)
+   and keeps them out of the log.
 
 Start-up is a benchmark figure (against ``python -I -S -c pass``), so the imports are C modules
 only: ``posix`` rather than ``os`` (whose import pulls in several Python modules), ``_signal``
@@ -213,6 +215,233 @@ def fsync_dir(path: str) -> None:
         posix.close(fd)
 
 
+# -- terminal queries (PTY mode) ----------------------------------------------------------------
+
+ESC = 0x1B
+HOLD_MAX = 64
+"""A partial escape sequence at the end of a read is held back (up to this many bytes) until
+the next read completes it; a longer one cannot be a query and is passed through."""
+LINE_MAX = 4096
+"""Bytes of the current output line kept for cursor tracking."""
+QUERY_MARKS = (b"5n", b"6n", b"18t", b"$p", b"[c", b"[0c", b"[>c", b"[>0c")
+"""Every query contains one of these: a read without any is passed on without parsing its
+escape sequences one by one (colour-heavy output stays fast)."""
+
+
+class TermResponder:
+    """Answers terminal queries in a PTY worker's output, as a terminal would, and strips them.
+
+    Without answers, programs that ask the terminal something (a cursor position before
+    drawing, device attributes to pick features) block forever, since nobody is at the other
+    end. Answered: device status ``ESC[5n`` (``ESC[0n``), cursor position ``ESC[6n``
+    (``ESC[<row>;<col>R``; also ``ESC[?6n``), window size ``ESC[18t`` (``ESC[8;<rows>;<cols>t``),
+    DEC private and ANSI mode queries ``ESC[?N$p``/``ESC[N$p`` (``ESC[?N;0$y``: not
+    recognised), primary device attributes ``ESC[c``/``ESC[0c`` (``ESC[?1;2c``, a VT100 with
+    advanced video) and secondary ``ESC[>c`` (``ESC[>0;10;0c``). Everything else passes.
+
+    The cursor is *tracked plausibly*, not emulated: the row counts line feeds (clamped to the
+    screen); the column is computed when asked, from the output since the last CR or LF
+    (printed characters advance it, wrapping at the width; the motion sequences
+    ``CSI H f A B C D E F G d s u`` and ``ESC 7``/``ESC 8`` on that line are applied). A
+    full-screen program that depends on exact answers after complex drawing may get an
+    approximate one; a line-oriented program asking where its prompt ends gets the truth.
+    """
+
+    def __init__(self, rows: int, cols: int, size: Any = None) -> None:
+        self.rows = max(1, rows)
+        self.cols = max(1, cols)
+        self._size = size
+        self.row = 1
+        """Row of the start of the current line."""
+        self.line = b""
+        """Output since the last CR or LF (the end of it, at most LINE_MAX bytes)."""
+        self.held = b""
+
+    def feed(self, data: bytes) -> tuple[bytes, bytes]:
+        """Output bytes -> (bytes for the log, reply bytes for the terminal's input)."""
+        if self.held:
+            data = self.held + data
+            self.held = b""
+        if b"\x1b" not in data:
+            self._advance(data)
+            return data, b""
+        last = data.rfind(b"\x1b")
+        if len(data) - last <= HOLD_MAX and _csi_end(data, last) < 0:
+            self.held = data[last:]  # completed (or given up) by the next read
+            data = data[:last]
+        for mark in QUERY_MARKS:
+            if mark in data:
+                return self._scan(data)
+        self._advance(data)
+        return data, b""
+
+    def flush(self) -> bytes:
+        """End of stream: a held-back partial sequence is ordinary output after all."""
+        held, self.held = self.held, b""
+        self._advance(held)
+        return held
+
+    def _scan(self, data: bytes) -> tuple[bytes, bytes]:
+        out = bytearray()
+        replies = bytearray()
+        pos = i = 0
+        while True:
+            j = data.find(b"\x1b", i)
+            if j < 0:
+                break
+            end = _csi_end(data, j)
+            if end <= 0:
+                i = j + 1
+                continue
+            if data[end - 1] in b"ntpc":
+                piece = data[pos:j]
+                self._advance(piece)
+                out += piece
+                pos = j
+                answer = self._answer(data[j:end])
+                if answer is not None:
+                    replies += answer
+                    pos = end  # answered: not part of the log
+            i = end
+        piece = data[pos:]
+        self._advance(piece)
+        out += piece
+        return bytes(out), bytes(replies)
+
+    def _answer(self, seq: bytes) -> bytes | None:
+        body, final = seq[2:-1], seq[-1:]
+        if final == b"n":
+            if body == b"5":
+                return b"\x1b[0n"
+            if body in (b"6", b"?6"):
+                row, col = self.position()
+                return b"\x1b[" + body[:-1] + b"%d;%dR" % (row, col)
+        elif final == b"t" and body == b"18":
+            rows, cols = self._window()
+            return b"\x1b[8;%d;%dt" % (rows, cols)
+        elif final == b"p" and body.endswith(b"$") and body[:-1].lstrip(b"?").isdigit():
+            return b"\x1b[" + body[:-1] + b";0$y"
+        elif final == b"c":
+            if body in (b"", b"0"):
+                return b"\x1b[?1;2c"
+            if body in (b">", b">0"):
+                return b"\x1b[>0;10;0c"
+        return None
+
+    def _window(self) -> tuple[int, int]:
+        if self._size is not None:
+            try:
+                import termios  # already loaded in PTY mode
+
+                rows, cols = termios.tcgetwinsize(self._size)
+                if rows > 0 and cols > 0:
+                    self.rows, self.cols = rows, cols
+            except (OSError, ImportError):
+                pass
+        return self.rows, self.cols
+
+    def _advance(self, data: bytes) -> None:
+        if not data:
+            return
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if cut < 0:
+            self.line = (self.line + data)[-LINE_MAX:]
+            return
+        feeds = data.count(b"\n")
+        if feeds:
+            self.row = min(self.rows, self.row + feeds)
+        self.line = data[cut + 1 :][-LINE_MAX:]
+
+    def position(self) -> tuple[int, int]:
+        """The tracked cursor position (1-based row and column)."""
+        row, col = self.row, 1
+        saved = (row, col)
+        line = self.line
+        i, n = 0, len(line)
+        while i < n:
+            j = line.find(b"\x1b", i)
+            text = line[i:] if j < 0 else line[i:j]
+            if text:
+                col += len(text.decode("utf-8", "replace"))
+                if col > self.cols:
+                    row += (col - 1) // self.cols
+                    col = (col - 1) % self.cols + 1
+            if j < 0:
+                break
+            end = _csi_end(line, j)
+            if end <= 0:
+                byte = line[j + 1] if j + 1 < n else 0
+                if byte == 0x37:  # ESC 7: save
+                    saved = (row, col)
+                elif byte == 0x38:  # ESC 8: restore
+                    row, col = saved
+                elif byte == 0x63:  # ESC c: reset
+                    row, col = 1, 1
+                i = j + 2
+                continue
+            row, col, saved = _motion(line[j:end], row, col, saved)
+            i = end
+        return min(max(row, 1), self.rows), min(max(col, 1), self.cols)
+
+
+def _motion(
+    seq: bytes, row: int, col: int, saved: tuple[int, int]
+) -> tuple[int, int, tuple[int, int]]:
+    """The cursor after one CSI sequence (only motions change it)."""
+    final = seq[-1:]
+    body = seq[2:-1]
+    if body[:1] in (b"?", b">", b"<", b"=") or final not in b"HfABCDEFGdsu":
+        return row, col, saved
+    try:
+        args = [int(p) if p else 0 for p in body.split(b";")] if body else []
+    except ValueError:
+        return row, col, saved
+    first = args[0] if args and args[0] > 0 else 1
+    if final in (b"H", b"f"):
+        row, col = first, args[1] if len(args) > 1 and args[1] > 0 else 1
+    elif final == b"A":
+        row -= first
+    elif final == b"B":
+        row += first
+    elif final == b"C":
+        col += first
+    elif final == b"D":
+        col -= first
+    elif final == b"E":
+        row, col = row + first, 1
+    elif final == b"F":
+        row, col = row - first, 1
+    elif final == b"G":
+        col = first
+    elif final == b"d":
+        row = first
+    elif final == b"s":
+        saved = (row, col)
+    elif final == b"u":
+        row, col = saved
+    return row, col, saved
+
+
+def _csi_end(data: bytes, start: int) -> int:
+    """For the ESC at ``start``: the index after a complete CSI sequence, -1 when the data ends
+    inside it, 0 when it is not a CSI sequence."""
+    n = len(data)
+    if start + 1 >= n:
+        return -1
+    if data[start + 1] != 0x5B:  # '['
+        return 0
+    k = start + 2
+    while k < n:
+        byte = data[k]
+        if 0x20 <= byte <= 0x3F:  # parameter and intermediate bytes
+            k += 1
+            continue
+        if 0x40 <= byte <= 0x7E:
+            return k + 1
+        return 0
+    return -1
+
+
 # -- the keeper ----------------------------------------------------------------------------------
 
 
@@ -264,6 +493,7 @@ class Keeper:
         self.wake_r = -1
         self.wake_w = -1
         self.pending_stdin = b""
+        self.responder: TermResponder | None = None
 
     # -- start -----------------------------------------------------------------------------------
 
@@ -306,6 +536,7 @@ class Keeper:
             except (OSError, termios.error):
                 pass
             self.out_fd, child_fds = master, [slave]
+            self.responder = TermResponder(rows, cols, master)
         else:
             out_r, out_w = posix.pipe()
             _grow_pipe(out_r)
@@ -490,13 +721,39 @@ class Keeper:
                 return True
             except OSError as err:
                 if err.errno == errno.EIO:  # PTY: every slave handle is closed
+                    self.end_output()
                     return False
                 raise
             if not data:
+                self.end_output()
                 return False
             got += len(data)
-            self.store(data)
+            if self.responder is not None:
+                data, replies = self.responder.feed(data)
+                if replies:
+                    self.reply(replies)
+            if data:
+                self.store(data)
         return True
+
+    def end_output(self) -> None:
+        """The output ended: a partial escape sequence held back is ordinary output."""
+        if self.responder is not None:
+            held = self.responder.flush()
+            if held:
+                self.store(held)
+
+    def reply(self, data: bytes) -> None:
+        """Answer a terminal query: write to the PTY master (the worker's input), after any
+        stdin still buffered, so the bytes arrive in order."""
+        if not self.pending_stdin:
+            try:
+                data = data[posix.write(self.out_fd, data) :]
+            except BlockingIOError:
+                pass
+            except OSError:
+                return  # the terminal is gone
+        self.pending_stdin += data
 
     def _splice(self, count: int) -> int | None:
         """Move pipe bytes into the log in the kernel (pipe mode): the count, 0 at EOF, None
@@ -642,6 +899,7 @@ class Keeper:
                 self.signal_cgroup(_signal.SIGTERM)
                 escalate_at = now + self.grace
                 deadline = None
+        self.end_output()
         if self.total != self.recorded_total:
             try:
                 self.write_record(final=True)

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from registry.procinfo import Identity, alive, descendants, group, marked, send, table
@@ -123,12 +124,17 @@ def stop_session(
     unit: str | None,
     scoper: Scoper | None,
     grace: float,
+    before_signal: Callable[[], None] | None = None,
 ) -> KillOutcome:
     """Stop everything of a session (see the module docstring). Never raises for a process
-    that is already gone; reports survivors instead of claiming success."""
+    that is already gone; reports survivors instead of claiming success. ``before_signal``
+    runs once, just before the first signal (or scope stop), and not at all when nothing
+    had to be signalled."""
     before = session_processes(session_id, worker, keeper)
     strongest: str | None = None
     if unit is not None and scoper is not None:
+        if before_signal is not None:
+            before_signal()
         result = scoper.stop(unit, grace=grace)
         strongest = result.signal
         for pid in result.survivors:
@@ -145,6 +151,8 @@ def stop_session(
         live = {p for p in before if alive(p)}
         worker_running = worker is not None and alive(worker)
         if live or worker_running:
+            if before_signal is not None:
+                before_signal()
             _signal_all(live, worker, signal.SIGTERM)
             strongest = "SIGTERM"
             live = _wait_gone(session_id, worker, keeper, set(live), grace)

@@ -11,7 +11,12 @@ Two seams stay in one place each, for completions and hooks built on top:
 * :meth:`ProcessRegistry._settle` is where a session becomes final (compare-and-set on
   ``running``, so exactly one instance stores it and :meth:`_published` runs once per
   session); listeners are called from :meth:`_announce`.
-* :meth:`ProcessRegistry._view` is where output text is handed to a program.
+* :meth:`ProcessRegistry._view` is where output text is read; :meth:`_handed` is where it
+  is handed to a program, after the transform hook and redaction (:mod:`registry.hooks`).
+
+Events (:mod:`registry.events`): ``_settle`` stores the completion event of a notifying
+session in the same transaction as its final state; heartbeat and watch events of followed
+sessions come from :class:`~registry.notifier.Notifier`.
 """
 
 from __future__ import annotations
@@ -24,24 +29,37 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from registry.abc import (
+    MAX_HANDOFFS,
+    AckResult,
+    Event,
+    EventListener,
+    EventType,
     FinishListener,
+    OutputTransform,
+    Owner,
     Registry,
     Session,
     SessionState,
     Snapshot,
     SpawnRequest,
+    TeardownReport,
     WaitOutcome,
     WaitResult,
 )
-from registry.errors import AmbiguousId, RegistryError, SpawnRefused
+from registry.errors import AmbiguousId, HandoffRefused, RegistryError, SpawnRefused
+from registry.events import EventDraft, EventStore
 from registry.follower import Followed, Follower
 from registry.guard import GatewayIdentity, gateway_kill_reason
+from registry.heartbeat import clamp_interval
+from registry.hooks import OutputHooks
 from registry.kill import stop_session
 from registry.launch import KEEPER_SCRIPT, await_ready, keeper_command, worker_argv
+from registry.notifier import Notifier
 from registry.output import LogReader, OutputTail, TailView, decode_tail
 from registry.output import tail_lines as tail_lines_of
 from registry.procinfo import MARKER_ENV, Identity, alive
@@ -50,6 +68,7 @@ from registry.sessiondir import ExitRecord, SessionDir, keeper_spec, sessions_ro
 from registry.settings import RegistrySettings
 from registry.state import StateDB, ensure_private_dir
 from registry.store import KillIntent, SessionStore, StoredSession
+from registry.watch import parse_patterns
 from scope.abc import GATE_ENV, Launched, LaunchSpec, Placement, Scoper
 from scope.clock import Clock, SystemClock
 from scope.errors import NotFoundError, UsageError
@@ -65,6 +84,22 @@ EXACT_CUT_BYTES = 1 << 20
 """Logs up to this size are decoded whole for an exact ``output_cut``."""
 _HEX = set("0123456789abcdef")
 
+SERVICE_ENV = (
+    "INVOCATION_ID",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+    "JOURNAL_STREAM",
+    "MANAGERPID",
+)
+"""systemd's per-service variables: a worker that inherited them (from a gateway run as a
+service) would believe it is that service (sd_notify to the gateway's socket, socket
+activation, a caller "inside a unit"), so spawn never passes them on."""
+MAX_NOTE_CHARS = 2000
+
 
 def new_session_id() -> str:
     """``s_`` + 12 hex digits."""
@@ -78,6 +113,7 @@ class ProcessRegistry(Registry):
     gateway, ``dispatch run --wait``); without it, state is reconciled from the files whenever
     a session is read. ``protect_gateway``: refuse commands that would kill this process by
     name (set inside the gateway). ``python`` runs the keeper (default: this interpreter).
+    ``hooks``: the output hooks (default: redaction as the settings say, no transform).
     """
 
     def __init__(
@@ -94,12 +130,24 @@ class ProcessRegistry(Registry):
         interval: float = 0.05,
         idle_interval: float = 1.0,
         ready_timeout: float = 30.0,
+        hooks: OutputHooks | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
-        self.store = SessionStore(db)
+        self.store = SessionStore(
+            db,
+            EventStore(
+                db,
+                max_pending=settings.max_pending_events,
+                max_unacked=settings.max_unacked_events,
+            ),
+        )
         self.scoper = scoper
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
+        self.hooks = hooks or OutputHooks.from_settings(settings)
+        self.notifier = Notifier(
+            store=self.store, settings=settings, hooks=self.hooks, clock=self.clock
+        )
         self.python = python or sys.executable
         self.keeper_argv = keeper_command(self.python, self.state_dir / "cache")
         self.ready_timeout = ready_timeout
@@ -127,6 +175,8 @@ class ProcessRegistry(Registry):
 
     def spawn(self, request: SpawnRequest) -> Session:
         argv = worker_argv(request)
+        watch = parse_patterns(request.watch)
+        heartbeat = _heartbeat_of(request.heartbeat)
         if self._gateway is not None:
             reason = gateway_kill_reason(argv, self._gateway)
             if reason is not None:
@@ -137,7 +187,7 @@ class ProcessRegistry(Registry):
                 )
         session_id = new_session_id()
         sdir = SessionDir.of(self.state_dir, session_id)
-        env = {k: v for k, v in request.env.items() if k != GATE_ENV}
+        env = {k: v for k, v in request.env.items() if k != GATE_ENV and k not in SERVICE_ENV}
         env[MARKER_ENV] = session_id
         if request.pty:
             env.setdefault("TERM", "xterm-256color")
@@ -180,9 +230,16 @@ class ProcessRegistry(Registry):
                 pty=request.pty,
                 timeout=request.timeout,
                 labels=dict(request.labels),
+                notify=request.notify or heartbeat is not None,
+                heartbeat=heartbeat,
+                watch=watch,
             )
             self.store.insert(
-                draft, dir=str(sdir.path), created_at=created, output_chars=request.output_chars
+                draft,
+                dir=str(sdir.path),
+                created_at=created,
+                output_chars=request.output_chars,
+                heartbeat_liveness=request.heartbeat_liveness,
             )
             try:
                 launched = self._launch(request, sdir, argv, ready_w)
@@ -339,23 +396,50 @@ class ProcessRegistry(Registry):
     # -- output ------------------------------------------------------------------------------
 
     def poll(self, session_id: str) -> Snapshot:
-        return self._snapshot(self._refresh(self._load(session_id)))
+        return self._snapshot(self._refresh(self._load(session_id)), "poll")
 
-    def _snapshot(self, stored: StoredSession) -> Snapshot:
-        chars = stored.output_chars
-        if chars is None:
-            chars = self.settings.output_chars
+    def _snapshot(self, stored: StoredSession, purpose: str) -> Snapshot:
+        chars = self._chars(stored)
         view = self._view(stored, chars)
-        return Snapshot(session=stored.session, output=view.text, output_cut=view.cut)
+        session = stored.session
+        return Snapshot(
+            session=session,
+            output=self._handed(view.text, session, session.exit_code, purpose),
+            output_cut=view.cut + session.dropped_bytes,
+        )
 
-    def _view(self, stored: StoredSession, chars: int) -> TailView:
-        """The end of a session's output as text: the one place output is handed out (the
-        transform and redaction hooks of later work apply here)."""
+    def _chars(self, stored: StoredSession) -> int:
+        return self.settings.output_chars if stored.output_chars is None else stored.output_chars
+
+    def _handed(self, text: str, session: Session, exit_code: int | None, purpose: str) -> str:
+        """Output text on its way to a program: the transform hook, then redaction."""
+        return self.hooks.apply(
+            text,
+            session_id=session.id,
+            owner=session.owner,
+            exit_code=exit_code,
+            purpose=purpose,
+        )
+
+    def set_output_transform(self, hook: OutputTransform | None) -> None:
+        """Install the output-transform hook (runs before redaction; None removes it)."""
+        self.hooks.set_transform(hook)
+
+    def preview(self, session_id: str, chars: int = 200) -> str:
+        stored = self._refresh(self._load(session_id))
+        view = self._view(stored, max(0, chars))
+        session = stored.session
+        return self._handed(view.text, session, session.exit_code, "preview")
+
+    def _view(self, stored: StoredSession, chars: int, *, final: bool | None = None) -> TailView:
+        """The end of a session's output as text (raw: hooks apply in :meth:`_handed`)."""
+        if final is None:
+            final = stored.session.finished
         if self._follower is not None:
             entry = self._follower.catch_up(stored.session.id)
             if entry is not None:
                 with self._follower.lock:
-                    return entry.tail.text(chars, final=stored.session.finished)
+                    return entry.tail.text(chars, final=final)
         path = stored.session.log_path
         try:
             with open(path, "rb") as f:
@@ -365,7 +449,7 @@ class ProcessRegistry(Registry):
                 data = f.read(take)
         except FileNotFoundError:
             return TailView(text="", cut=0)
-        return decode_tail(data, size - take, chars, final=stored.session.finished)
+        return decode_tail(data, size - take, chars, final=final)
 
     def read_log(
         self,
@@ -414,12 +498,18 @@ class ProcessRegistry(Registry):
         while True:
             stored = self._refresh(self._load(session_id))
             if stored.session.finished:
-                return WaitResult(outcome=WaitOutcome.FINISHED, snapshot=self._snapshot(stored))
+                return WaitResult(
+                    outcome=WaitOutcome.FINISHED, snapshot=self._snapshot(stored, "wait")
+                )
             if interrupt is not None and _fired(interrupt):
-                return WaitResult(outcome=WaitOutcome.INTERRUPTED, snapshot=self._snapshot(stored))
+                return WaitResult(
+                    outcome=WaitOutcome.INTERRUPTED, snapshot=self._snapshot(stored, "wait")
+                )
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
-                return WaitResult(outcome=WaitOutcome.TIMEOUT, snapshot=self._snapshot(stored))
+                return WaitResult(
+                    outcome=WaitOutcome.TIMEOUT, snapshot=self._snapshot(stored, "wait")
+                )
             step = 0.25 if followed and interrupt is None else 0.05
             with self._changed:
                 self._changed.wait(step if remaining is None else min(step, remaining))
@@ -437,7 +527,7 @@ class ProcessRegistry(Registry):
         stored = self._refresh(self._load(session_id))
         session = stored.session
         if session.finished:
-            return self._snapshot(stored)
+            return self._snapshot(stored, "kill")
         grace = self.settings.kill_grace if grace is None else max(0.0, grace)
         state = SessionState(state)
         # Wall time of real processes (compared with the keeper's exit time), not the clock.
@@ -452,7 +542,7 @@ class ProcessRegistry(Registry):
                 self._killing.discard(session.id)
         if not final.finished:
             raise RegistryError(f"session {session.id} did not finish", session=session.id)
-        return self._snapshot(self._load(session.id))
+        return self._snapshot(self._load(session.id), "kill")
 
     def _kill(self, stored: StoredSession, intent: KillIntent, grace: float) -> Session:
         session = stored.session
@@ -465,6 +555,7 @@ class ProcessRegistry(Registry):
             unit=session.unit if session.placement is Placement.SCOPED else None,
             scoper=self.scoper,
             grace=grace,
+            before_signal=lambda: self.store.mark_signalled(session.id, time.time()),
         )
         if not outcome.stopped:
             pids = ", ".join(str(p.pid) for p in outcome.survivors)
@@ -495,12 +586,17 @@ class ProcessRegistry(Registry):
             with contextlib.suppress(OSError):
                 sdir.write_exit(fallback)
         final = self._settle(session.id, fallback=fallback)
-        if final.state is intent.state and final.signal is None and outcome.signal:
-            # Another instance finalized first without knowing the signal.
-            self.store.update(session.id, signal=outcome.signal)
+        if (
+            final.state is intent.state
+            and final.signal is None
+            and final.exit_code is None
+            and outcome.signal
+        ):
+            # Another instance finalized first without knowing the signal: correct the row
+            # and its completion event together.
+            self.store.amend_final(session.id, signal=outcome.signal)
             final = self._load(session.id).session
         return final
-        return self._snapshot(self._load(session.id))
 
     # -- adoption and pruning ----------------------------------------------------------------
 
@@ -552,6 +648,7 @@ class ProcessRegistry(Registry):
         unit = None
         if keeper is None or not alive(keeper):
             unit = session.unit
+        sink = self.notifier.attach(stored)
         self._follower.add(
             Followed(
                 session_id=session.id,
@@ -562,6 +659,7 @@ class ProcessRegistry(Registry):
                 worker=_identity(session.worker_pid, session.worker_start),
                 process=process if process is not None and process.poll() is None else None,
                 unit=unit,
+                sink=sink,
             )
         )
 
@@ -657,15 +755,51 @@ class ProcessRegistry(Registry):
                 sdir.write_exit(record)
         if record is None:
             return stored.session
-        won = self.store.finalize(session_id, **self._final_fields(stored, record))
+        final_record = record
+        completion = None
+        pending = stored.session
+        if pending.notify or pending.heartbeat is not None or pending.watch:
+            # Watch events of the last lines come before the completion.
+            self.notifier.before_final(session_id)
+            completion = self._completion_draft(stored, self._final_fields(stored, record))
+        won, event = self.store.finalize(
+            session_id,
+            lambda current: self._final_fields(current, final_record),
+            completion=completion,
+            now=self.clock.time(),
+        )
+        self.notifier.detach(session_id)
         session = self._load(session_id).session
         if won:
-            self._published(session)
+            self._published(session, event)
         if won or (self._follower is not None and session_id in self._follower):
             self._announce(session)
         return session
 
-    def _final_fields(self, stored: StoredSession, record: ExitRecord) -> dict[str, object]:
+    def _completion_draft(self, stored: StoredSession, fields: dict[str, Any]) -> EventDraft:
+        """The completion event of a session about to be finalized with ``fields`` (stored
+        only if the session notifies; the note and watch summary are added by the store)."""
+        view = self._view(stored, self._chars(stored), final=True)
+        exit_code = fields.get("exit_code")
+        state = SessionState(fields["state"])
+        dropped = int(fields.get("dropped_bytes") or 0)
+        return EventDraft(
+            type=EventType.COMPLETION,
+            state=state,
+            exit_code=exit_code,
+            signal=fields.get("signal"),
+            completion_reason=fields.get("completion_reason"),
+            output=self._handed(view.text, stored.session, exit_code, "completion"),
+            output_cut=view.cut + dropped,
+            log_path=stored.session.log_path,
+            data={
+                "total_bytes": int(fields.get("total_bytes") or 0),
+                "dropped_bytes": dropped,
+                "finished_at": fields.get("finished_at"),
+            },
+        )
+
+    def _final_fields(self, stored: StoredSession, record: ExitRecord) -> dict[str, Any]:
         try:
             state = SessionState(record.state)
         except ValueError:
@@ -676,12 +810,14 @@ class ProcessRegistry(Registry):
             intent is not None
             and state is SessionState.EXITED
             and record.writer == "keeper"
-            and (record.signal is not None or (record.finished_at or 0.0) >= intent.requested_at)
+            and intent.signalled_at is not None
+            and (record.signal is not None or (record.finished_at or 0.0) >= intent.signalled_at)
         ):
-            # Our signal ended it; an exit recorded before the signal was sent stays an exit.
+            # Our signal ended it; an exit before the first signal went out stays an exit,
+            # with its own code (the kill merely raced it).
             state = intent.state
             reason = f"{intent.reason} ({record.reason})"
-        fields: dict[str, object] = {
+        fields: dict[str, Any] = {
             "state": state,
             "exit_code": record.exit_code,
             "signal": record.signal,
@@ -694,10 +830,11 @@ class ProcessRegistry(Registry):
             fields["started_at"] = record.started_at
         return fields
 
-    def _published(self, session: Session) -> None:
+    def _published(self, session: Session, event: Event | None) -> None:
         """Runs exactly once per session, in the instance that stored its final state (the
-        publisher of its completion)."""
+        publisher of its completion, already stored with that state)."""
         _log.debug("session %s finished: %s", session.id, session.completion_reason)
+        self.notifier.emit(event)
 
     def _announce(self, session: Session) -> None:
         """Wake waiters and call the finish listeners (once per session per instance).
@@ -730,6 +867,123 @@ class ProcessRegistry(Registry):
             parts.append(f"keeper said: {detail}")
         return "; ".join(parts)
 
+    # -- events and ownership ----------------------------------------------------------------
+
+    def events(
+        self,
+        *,
+        owner: Owner | str | None = None,
+        include_acked: bool = False,
+        session_id: str | None = None,
+        after: int | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        return self.store.events.list(
+            owner=owner,
+            include_acked=include_acked,
+            session_id=session_id,
+            after=after,
+            limit=limit,
+        )
+
+    def ack(self, event_ids: Iterable[str]) -> AckResult:
+        return self.store.events.ack(event_ids, now=self.clock.time())
+
+    def pending_completions(self, owner: Owner | str | None = None) -> int:
+        count = 0
+        for stored in self.store.running_notifying():
+            if owner is not None and not owned_by(stored.session.owner, owner):
+                continue
+            followed = self._follower is not None and stored.session.id in self._follower
+            if not followed:
+                # Nobody here follows it: reconcile now (a recorded end is published at once).
+                stored = self._refresh(stored)
+                if stored.session.finished:
+                    continue
+            if SessionDir(Path(stored.dir)).has_exit():
+                count += 1
+        return count
+
+    def handoff(self, session_id: str, to: Owner, *, note: str, by: Owner | None = None) -> Session:
+        text = note.strip()
+        if not text:
+            raise UsageError(
+                "a handoff needs a purpose note", remedy="say why the new owner gets it"
+            )
+        if len(text) > MAX_NOTE_CHARS:
+            raise UsageError(f"the handoff note is longer than {MAX_NOTE_CHARS} characters")
+        stored = self._refresh(self._load(session_id))
+        session = stored.session
+        if session.finished:
+            raise HandoffRefused(f"it is {session.state.value}", session=session.id)
+        current = session.owner
+        if by is not None and by != current:
+            raise HandoffRefused(f"it is owned by {current}, not {by}", session=session.id)
+        if to == current:
+            raise HandoffRefused(f"it is already owned by {to}", session=session.id)
+        draft = EventDraft(
+            type=EventType.HANDOFF,
+            state=SessionState.RUNNING,
+            note=text,
+            log_path=session.log_path,
+            data={"from": str(current), "to": str(to)},
+        )
+        result, event = self.store.handoff(
+            session.id,
+            current=current,
+            to=to,
+            note=text,
+            now=self.clock.time(),
+            limit=MAX_HANDOFFS,
+            draft=draft,
+        )
+        if result == "limit":
+            raise HandoffRefused(
+                f"owner {current} already handed off {MAX_HANDOFFS} sessions",
+                session=session.id,
+                remedy="let the new owner's own work continue it, or wait for it to finish",
+            )
+        if result != "ok":
+            raise HandoffRefused(
+                "it finished or changed owner while handing it off", session=session.id
+            )
+        self.notifier.emit(event)
+        return self.get(session.id)
+
+    def teardown_owner(
+        self, owner: Owner, *, reason: str | None = None, grace: float | None = None
+    ) -> TeardownReport:
+        why = reason or f"owner {owner} tore down"
+        orphaned: list[Snapshot] = []
+        errors: list[str] = []
+        for stored in self.store.owned_running(owner):
+            stored = self._refresh(stored)
+            session = stored.session
+            if session.finished:
+                continue
+            notice = EventDraft(
+                type=EventType.ORPHANED,
+                state=SessionState.RUNNING,
+                log_path=session.log_path,
+                note=session.handoff_note,
+                data={"reason": why},
+            )
+            self.notifier.emit(self.store.publish(session.id, notice, now=self.clock.time()))
+            try:
+                orphaned.append(self.kill(session.id, grace=grace, reason=f"orphaned: {why}"))
+            except RegistryError as err:
+                errors.append(f"{session.id}: {err}")
+        pending = self.events(owner=owner)
+        unread = tuple(e for e in pending if e.type is EventType.COMPLETION)
+        # The owner is gone: its report carries what it never read, nobody else will.
+        self.ack(e.id for e in pending)
+        return TeardownReport(
+            owner=owner, orphaned=tuple(orphaned), unread=unread, errors=tuple(errors)
+        )
+
+    def add_event_listener(self, listener: EventListener) -> None:
+        self.notifier.add_listener(listener)
+
     # -- listeners and lifetime --------------------------------------------------------------
 
     def add_finish_listener(self, listener: FinishListener) -> None:
@@ -737,13 +991,15 @@ class ProcessRegistry(Registry):
             self._listeners.append(listener)
 
     def close(self) -> None:
-        """Stop the follower thread and release handles; running workers keep running."""
+        """Stop the threads and release handles; running workers keep running (closing is
+        never a teardown of their owners)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         if self._follower is not None:
             self._follower.close()
+        self.notifier.close()
         with self._lock:
             for child in self._children.values():
                 child.poll()
@@ -757,6 +1013,29 @@ class ProcessRegistry(Registry):
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def owned_by(owner: Owner, wanted: Owner | str) -> bool:
+    """Whether ``owner`` is routed to ``wanted`` (exact, or a ``:``-bounded string prefix)."""
+    if isinstance(wanted, Owner):
+        return owner == wanted
+    text = str(owner)
+    return text == wanted or text.startswith(wanted + ":")
+
+
+def _heartbeat_of(value: float | None) -> float | None:
+    if value is None:
+        return None
+    seconds = float(value)
+    if not seconds > 0 or seconds == float("inf"):
+        raise UsageError(
+            f"heartbeat interval {value!r} is not a positive number of seconds",
+            remedy="give seconds, e.g. 300",
+        )
+    used = clamp_interval(seconds)
+    if used != seconds:
+        _log.info("heartbeat interval %gs raised to the floor of %gs", seconds, used)
+    return used
 
 
 def _identity(pid: int | None, start: int | None) -> Identity | None:

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
-from scope.schema import Duration, Int, Size, setting
+from scope.schema import Bool, Duration, Int, Invalid, Kind, ListOf, Size, setting
+
+
+class Regex(Kind):
+    """A regular expression (Python syntax), checked by compiling it."""
+
+    label = "regular expression"
+
+    def convert(self, value: Any) -> Any:
+        if not isinstance(value, str) or not value:
+            raise Invalid(f"expected a regular expression, got {value!r}")
+        try:
+            re.compile(value)
+        except re.error as err:
+            raise Invalid(f"invalid regular expression {value!r}: {err}") from None
+        return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,4 +81,47 @@ class RegistrySettings:
         10_000,
         kind=Int(min=10),
         doc="Cap on stored events; the oldest acknowledged events are dropped first.",
+    )
+    max_unacked_events: int = setting(
+        50_000,
+        kind=Int(min=10),
+        doc="Hard cap on stored unacknowledged events: beyond it (and beyond "
+        "max_pending_events) the oldest unacknowledged ones are dropped, with a warning in "
+        "the log.",
+    )
+    redact: bool = setting(
+        True,
+        kind=Bool(),
+        doc="Mask common secret shapes (API keys, bearer tokens, password=/token= "
+        "assignments, passwords in URLs) in every output handed to a program; "
+        "'dispatch logs' stays raw unless --redact.",
+    )
+    redact_patterns: tuple[str, ...] = setting(
+        (),
+        kind=ListOf(Regex()),
+        doc="Extra regular expressions whose matches are masked like the built-in secret shapes.",
+    )
+    watch_cooldown: float = setting(
+        15.0,
+        kind=Duration(min=0),
+        doc="After a watch event, further matches of the same session within this time are "
+        "suppressed (and counted).",
+    )
+    watch_strikes: int = setting(
+        3,
+        kind=Int(min=1),
+        doc="Cooldown windows with suppressed matches before a session's watch is disabled "
+        "(it then falls back to notify-on-complete).",
+    )
+    watch_max_deliveries: int = setting(
+        8,
+        kind=Int(min=1),
+        doc="Watch events per session in its lifetime; then watching stops and the session "
+        "falls back to notify-on-complete.",
+    )
+    watch_global_limit: int = setting(
+        30,
+        kind=Int(min=1),
+        doc="Watch events per minute across all sessions; beyond it the global breaker "
+        "suppresses (and counts) further matches until the minute has passed.",
     )

@@ -7,17 +7,23 @@ final state (and publishes the completion).
 
 A kill records its intent (state to record, reason, time) before it signals anything, so
 whichever instance finalizes the session later records ``killed`` rather than a plain exit.
+
+Events (:mod:`registry.events`) are written in the same transactions: the completion event
+with the compare-and-set that finalizes (so there is exactly one, and only once the final
+state is stored), a heartbeat with the compare-and-set that advances the heartbeat offset, a
+handoff with the owner change.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from registry.abc import Owner, Session, SessionState
+from registry.abc import Event, Owner, Session, SessionState, WatchPattern
+from registry.events import V2_SCHEMA, EventDraft, EventStore
 from registry.state import Component, Migration, StateDB
 from scope.abc import CallerKind, Placement
 
@@ -63,7 +69,10 @@ CREATE INDEX registry_sessions_finished ON registry_sessions (finished_at);
 
 COMPONENT = Component(
     name="registry",
-    migrations=[Migration(version=1, apply=_V1, note="sessions")],
+    migrations=[
+        Migration(version=1, apply=_V1, note="sessions"),
+        Migration(version=2, apply=V2_SCHEMA, note="events, handoffs, notification columns"),
+    ],
 )
 """The registry's tables; listed in :func:`dispatcher.database.components`."""
 
@@ -75,6 +84,9 @@ class KillIntent:
     state: SessionState
     reason: str
     requested_at: float
+    signalled_at: float | None = None
+    """When the kill sent its first signal (None: nothing signalled yet). An exit recorded
+    before it was the worker's own doing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,16 +98,36 @@ class StoredSession:
     created_at: float
     output_chars: int | None
     kill: KillIntent | None
+    heartbeat_liveness: bool = False
+    hb_offset: int = 0
+    """Log bytes already carried by heartbeats."""
+    hb_at: float | None = None
+    """Wall time of the last heartbeat (or of the start)."""
+    watch_state: Mapping[str, Any] = field(default_factory=dict)
+    emitter: str | None = None
+    """The registry instance that publishes this session's heartbeat and watch events."""
 
 
 _COLUMNS = (
     "id, argv, cwd, owner_kind, owner_id, caller, placement, unit, state, dir, log_path, pty,"
     " keeper_pid, keeper_start, worker_pid, worker_start, created_at, started_at, finished_at,"
     " exit_code, signal, completion_reason, total_bytes, dropped_bytes, timeout, output_chars,"
-    " labels, warning, kill_state, kill_reason, kill_requested_at"
+    " labels, warning, kill_state, kill_reason, kill_requested_at, notify, heartbeat,"
+    " heartbeat_liveness, hb_offset, hb_at, watch, watch_state, emitter, handoff_note,"
+    " handoff_from, kill_signalled_at"
 )
 
-_MARKS = ", ".join("?" * 31)
+_MARKS = ", ".join("?" * 42)
+
+
+def _watch_of(text: str | None) -> tuple[WatchPattern, ...]:
+    items = json.loads(text or "[]")
+    return tuple(WatchPattern(pattern=str(i["pattern"]), regex=bool(i["regex"])) for i in items)
+
+
+def watch_json(patterns: Iterable[WatchPattern]) -> str:
+    """The stored form of watch patterns."""
+    return json.dumps([{"pattern": p.pattern, "regex": p.regex} for p in patterns])
 
 
 def _row_to_stored(row: sqlite3.Row) -> StoredSession:
@@ -105,6 +137,7 @@ def _row_to_stored(row: sqlite3.Row) -> StoredSession:
             state=SessionState(row["kill_state"]),
             reason=row["kill_reason"] or "",
             requested_at=float(row["kill_requested_at"] or 0.0),
+            signalled_at=row["kill_signalled_at"],
         )
     session = Session(
         id=row["id"],
@@ -131,6 +164,11 @@ def _row_to_stored(row: sqlite3.Row) -> StoredSession:
         timeout=row["timeout"],
         labels=json.loads(row["labels"] or "{}"),
         warning=row["warning"],
+        notify=bool(row["notify"]),
+        heartbeat=row["heartbeat"],
+        watch=_watch_of(row["watch"]),
+        handoff_note=row["handoff_note"],
+        handoff_from=Owner.parse(row["handoff_from"]) if row["handoff_from"] else None,
     )
     return StoredSession(
         session=session,
@@ -138,17 +176,29 @@ def _row_to_stored(row: sqlite3.Row) -> StoredSession:
         created_at=float(row["created_at"]),
         output_chars=row["output_chars"],
         kill=kill,
+        heartbeat_liveness=bool(row["heartbeat_liveness"]),
+        hb_offset=int(row["hb_offset"] or 0),
+        hb_at=row["hb_at"],
+        watch_state=json.loads(row["watch_state"] or "{}"),
+        emitter=row["emitter"],
     )
 
 
 class SessionStore:
     """Queries and updates of ``registry_sessions``."""
 
-    def __init__(self, db: StateDB) -> None:
+    def __init__(self, db: StateDB, events: EventStore | None = None) -> None:
         self.db = db
+        self.events = events or EventStore(db, max_pending=10_000, max_unacked=50_000)
 
     def insert(
-        self, session: Session, *, dir: str, created_at: float, output_chars: int | None
+        self,
+        session: Session,
+        *,
+        dir: str,
+        created_at: float,
+        output_chars: int | None,
+        heartbeat_liveness: bool = False,
     ) -> None:
         """Record a new session (state ``running``, before its keeper starts)."""
         with self.db.write() as conn:
@@ -186,6 +236,17 @@ class SessionStore:
                     None,
                     None,
                     None,
+                    int(session.notify),
+                    session.heartbeat,
+                    int(heartbeat_liveness),
+                    0,
+                    created_at,
+                    watch_json(session.watch),
+                    "{}",
+                    None,
+                    session.handoff_note,
+                    str(session.handoff_from) if session.handoff_from else None,
+                    None,
                 ),
             )
 
@@ -200,16 +261,183 @@ class SessionStore:
                 (*(_column_value(v) for v in fields.values()), session_id),
             )
 
-    def finalize(self, session_id: str, **fields: Any) -> bool:
-        """Store a final state if the row is still ``running``; True when this call did it."""
-        assignments = ", ".join(f"{name} = ?" for name in fields)
+    def finalize(
+        self,
+        session_id: str,
+        compute: Callable[[StoredSession], Mapping[str, Any]],
+        *,
+        completion: EventDraft | None = None,
+        now: float = 0.0,
+    ) -> tuple[bool, Event | None]:
+        """Store a final state if the row is still ``running`` and, in the same transaction,
+        the completion event when the session notifies. Returns whether this call did it,
+        and the event it stored.
+
+        ``compute`` gets the row as read *inside* the write transaction and returns the
+        final columns, so a kill intent recorded just before is always seen (a kill racing
+        the natural exit cannot leave a stale "exited"); the completion's state, code,
+        signal and reason are those columns, and its note and watch summary are read here
+        too (a concurrent handoff cannot be missed)."""
         with self.db.write() as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM registry_sessions WHERE id = ?",  # noqa: S608
+                (session_id,),
+            ).fetchone()
+            if row is None or row["state"] != SessionState.RUNNING.value:
+                return False, None
+            stored = _row_to_stored(row)
+            fields = dict(compute(stored))
+            assignments = ", ".join(f"{name} = ?" for name in fields)
             cursor = conn.execute(
                 f"UPDATE registry_sessions SET {assignments}"  # noqa: S608 - names are ours
                 " WHERE id = ? AND state = 'running'",
                 (*(_column_value(v) for v in fields.values()), session_id),
             )
+            if cursor.rowcount != 1:
+                return False, None
+            session = stored.session
+            if completion is None or not (session.notify or session.heartbeat is not None):
+                return True, None
+            data = dict(completion.data)
+            if session.handoff_from is not None:
+                data["handoff_from"] = str(session.handoff_from)
+            if session.watch:
+                data["watch"] = dict(stored.watch_state)
+            state = fields.get("state", completion.state)
+            draft = replace(
+                completion,
+                state=SessionState(state) if state is not None else None,
+                exit_code=fields.get("exit_code", completion.exit_code),
+                signal=fields.get("signal", completion.signal),
+                completion_reason=fields.get("completion_reason", completion.completion_reason),
+                note=session.handoff_note,
+                data=data,
+            )
+            return True, self.events.insert(conn, session_id, draft, created_at=now)
+
+    def amend_final(self, session_id: str, **fields: Any) -> None:
+        """Correct a final row and its completion event together (a kill that learned the
+        real signal after another instance finalized)."""
+        with self.db.write() as conn:
+            assignments = ", ".join(f"{name} = ?" for name in fields)
+            conn.execute(
+                f"UPDATE registry_sessions SET {assignments} WHERE id = ?",  # noqa: S608
+                (*(_column_value(v) for v in fields.values()), session_id),
+            )
+            row = conn.execute(
+                "SELECT id FROM registry_events WHERE session_id = ? AND type = 'completion'",
+                (session_id,),
+            ).fetchone()
+            if row is not None:
+                event_fields = {
+                    k: _column_value(v)
+                    for k, v in fields.items()
+                    if k in ("signal", "exit_code", "completion_reason", "state")
+                }
+                self.events.amend(conn, row["id"], **event_fields)
+
+    def publish(
+        self,
+        session_id: str,
+        draft: EventDraft,
+        *,
+        now: float,
+        emitter: str | None = None,
+        running: bool = True,
+        set_fields: Mapping[str, Any] | None = None,
+        expect: Mapping[str, Any] | None = None,
+    ) -> Event | None:
+        """Store an event for a session in one transaction, guarded by conditions on its row:
+        still ``running`` (unless ``running`` is False), published by ``emitter`` (when given)
+        and columns equal to ``expect`` (a compare-and-set); ``set_fields`` are written with
+        it. None when a condition failed (nothing is written)."""
+        conditions = ["id = ?"]
+        params: list[Any] = [session_id]
+        if running:
+            conditions.append("state = 'running'")
+        if emitter is not None:
+            conditions.append("emitter = ?")
+            params.append(emitter)
+        for name, value in (expect or {}).items():
+            if value is None:
+                conditions.append(f"{name} IS NULL")
+            else:
+                conditions.append(f"{name} = ?")
+                params.append(_column_value(value))
+        updates = dict(set_fields or {})
+        assignments = ", ".join(f"{name} = ?" for name in updates) or "id = id"
+        with self.db.write() as conn:
+            cursor = conn.execute(
+                f"UPDATE registry_sessions SET {assignments}"  # noqa: S608 - names are ours
+                f" WHERE {' AND '.join(conditions)}",
+                (*(_column_value(v) for v in updates.values()), *params),
+            )
+            if cursor.rowcount != 1:
+                return None
+            return self.events.insert(conn, session_id, draft, created_at=now)
+
+    def claim_emitter(self, session_id: str, me: str, *, stale: str | None) -> bool:
+        """Become the emitter of a running session whose emitter is none, us, or ``stale``
+        (one we found dead)."""
+        with self.db.write() as conn:
+            cursor = conn.execute(
+                "UPDATE registry_sessions SET emitter = ? WHERE id = ? AND state = 'running'"
+                " AND (emitter IS NULL OR emitter = ? OR emitter = ?)",
+                (me, session_id, me, stale or me),
+            )
             return cursor.rowcount == 1
+
+    def publish_state(self, session_id: str, *, emitter: str, **fields: Any) -> bool:
+        """Set columns of a session while ``emitter`` holds its claim."""
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        with self.db.write() as conn:
+            cursor = conn.execute(
+                f"UPDATE registry_sessions SET {assignments}"  # noqa: S608 - names are ours
+                " WHERE id = ? AND emitter = ?",
+                (*(_column_value(v) for v in fields.values()), session_id, emitter),
+            )
+            return cursor.rowcount == 1
+
+    def release_emitter(self, me: str) -> None:
+        """Give up every emitter claim of ``me`` (another registry may take them over)."""
+        with self.db.write() as conn:
+            conn.execute("UPDATE registry_sessions SET emitter = NULL WHERE emitter = ?", (me,))
+
+    def handoff(
+        self,
+        session_id: str,
+        *,
+        current: Owner,
+        to: Owner,
+        note: str,
+        now: float,
+        limit: int,
+        draft: EventDraft,
+    ) -> tuple[str, Event | None]:
+        """Change the owner of a running session owned by ``current``, record the handoff
+        and publish ``draft`` to the new owner, all in one transaction. Returns ``"ok"``,
+        ``"limit"`` (``current`` used up its handoffs) or ``"changed"`` (the session ended
+        or has another owner now)."""
+        with self.db.write() as conn:
+            if self.events.handoffs_by(conn, current) >= limit:
+                return "limit", None
+            cursor = conn.execute(
+                "UPDATE registry_sessions SET owner_kind = ?, owner_id = ?, handoff_note = ?,"
+                " handoff_from = ? WHERE id = ? AND state = 'running' AND owner_kind = ?"
+                " AND owner_id = ?",
+                (to.kind, to.id, note, str(current), session_id, current.kind, current.id),
+            )
+            if cursor.rowcount != 1:
+                return "changed", None
+            self.events.record_handoff(
+                conn, session_id=session_id, from_owner=current, to_owner=to, note=note, at=now
+            )
+            return "ok", self.events.insert(conn, session_id, draft, created_at=now)
+
+    def handoffs_by(self, owner: Owner) -> int:
+        """How many sessions ``owner`` handed to others."""
+        with self.db.read() as conn:
+            return self.events.handoffs_by(conn, owner)
 
     def record_kill(self, session_id: str, intent: KillIntent) -> None:
         """Remember a kill in progress (only while the session runs)."""
@@ -218,6 +446,15 @@ class SessionStore:
                 "UPDATE registry_sessions SET kill_state = ?, kill_reason = ?,"
                 " kill_requested_at = ? WHERE id = ? AND state = 'running'",
                 (intent.state.value, intent.reason, intent.requested_at, session_id),
+            )
+
+    def mark_signalled(self, session_id: str, at: float) -> None:
+        """A kill is about to send its first signal (committed before the signal goes)."""
+        with self.db.write() as conn:
+            conn.execute(
+                "UPDATE registry_sessions SET kill_signalled_at = ? WHERE id = ?"
+                " AND state = 'running' AND kill_signalled_at IS NULL",
+                (at, session_id),
             )
 
     def get(self, session_id: str) -> StoredSession | None:
@@ -252,6 +489,28 @@ class SessionStore:
         """Rows recorded as running."""
         return self.sessions(include_finished=False)
 
+    def owned_running(self, owner: Owner) -> list[StoredSession]:
+        """Running rows of ``owner``."""
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM registry_sessions WHERE state = 'running'"  # noqa: S608
+                " AND owner_kind = ? AND owner_id = ? ORDER BY created_at, id",
+                (owner.kind, owner.id),
+            ).fetchall()
+        return [_row_to_stored(r) for r in rows]
+
+    def running_notifying(self) -> list[StoredSession]:
+        """Running rows that will publish a completion event (``notify`` or heartbeats).
+
+        A final row always has its completion already: it is stored in the transaction that
+        made the row final."""
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM registry_sessions WHERE state = 'running'"  # noqa: S608
+                " AND (notify = 1 OR heartbeat IS NOT NULL) ORDER BY created_at, id"
+            ).fetchall()
+        return [_row_to_stored(r) for r in rows]
+
     def prunable(self, *, finished_before: float, keep: int) -> list[StoredSession]:
         """Finished rows older than ``finished_before``, plus the oldest finished ones beyond
         the newest ``keep``."""
@@ -274,6 +533,7 @@ class SessionStore:
             return 0
         count = 0
         with self.db.write() as conn:
+            self.events.forget_sessions(conn, ids)
             for sid in ids:
                 count += conn.execute("DELETE FROM registry_sessions WHERE id = ?", (sid,)).rowcount
         return count

@@ -1,8 +1,9 @@
 """`dispatch logs`: print a session's output log, raw bytes exactly as the worker wrote them.
 
-``--redact`` applies the registry's output hooks (transform, then redaction) to what is shown.
-No hooks exist in this build, so it prints the same bytes; the flag is the stable place where
-they will apply.
+``--redact`` applies the registry's output hooks (transform, then redaction of secrets as
+``registry.redact`` and ``registry.redact_patterns`` say) to what is shown; the text is decoded
+as UTF-8 (invalid bytes become U+FFFD) and masked line by line, so ``-f`` never shows half a
+secret split across two reads.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.runtime import runtime_from_context
 from registry.abc import Registry, Session
+from registry.hooks import OutputHooks
 from registry.output import LogReader
 from scope.errors import UsageError
 
 DESCRIPTION = (
     "Print a session's output log: the raw bytes exactly as the worker wrote them. -f keeps "
-    "printing until the session ends. --redact applies the output hooks (none exist in this "
-    "build, so the bytes are unchanged)."
+    "printing until the session ends. --redact applies the output hooks: secrets (API keys, "
+    "bearer tokens, password=/token= values, passwords in URLs, registry.redact_patterns) are "
+    "masked."
 )
 HELP = "Print a session's output log (raw bytes)."
 
@@ -36,7 +39,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     )
     parser.add_argument("--tail", metavar="N", type=int, help="only the last N lines")
     parser.add_argument(
-        "--redact", action="store_true", help="apply the output hooks (none in this build)"
+        "--redact", action="store_true", help="apply the output hooks (mask secrets)"
     )
     parser.set_defaults(handler=handle)
 
@@ -48,9 +51,41 @@ def binary_out(ctx: Context) -> BinaryIO:
     return buffer if buffer is not None else sys.stdout.buffer
 
 
-def redact(data: bytes) -> bytes:
-    """The hook point for ``--redact`` (no hooks in this build: unchanged)."""
-    return data
+class LineRedactor:
+    """Applies the output hooks to whole lines of a byte stream (a secret split across two
+    reads is masked whole); :meth:`finish` handles the last line without a newline."""
+
+    def __init__(self, hooks: OutputHooks, session: Session) -> None:
+        self.hooks = hooks
+        self.session = session
+        self._partial = b""
+
+    def _apply(self, data: bytes) -> bytes:
+        text = data.decode("utf-8", "replace")
+        return self.hooks.apply(
+            text,
+            session_id=self.session.id,
+            owner=self.session.owner,
+            exit_code=self.session.exit_code,
+            purpose="logs",
+        ).encode("utf-8")
+
+    def __call__(self, data: bytes) -> bytes:
+        data = self._partial + data
+        cut = data.rfind(b"\n") + 1
+        self._partial = data[cut:]
+        return self._apply(data[:cut]) if cut else b""
+
+    def finish(self) -> bytes:
+        """The rest (a last line without newline)."""
+        rest, self._partial = self._partial, b""
+        return self._apply(rest) if rest else b""
+
+
+def redact(data: bytes, hooks: OutputHooks, session: Session) -> bytes:
+    """``data`` with the output hooks applied (``--redact``)."""
+    redactor = LineRedactor(hooks, session)
+    return redactor(data) + redactor.finish()
 
 
 def stream(
@@ -59,25 +94,28 @@ def stream(
     session: Session,
     offset: int,
     *,
-    hooks: bool = False,
+    hooks: LineRedactor | None = None,
     timeout: float | None = None,
 ) -> Session | None:
     """Print what the log gains from ``offset`` on until the session is final; returns it
-    (None when ``timeout`` elapsed first; the worker keeps running)."""
+    (None when ``timeout`` elapsed first; the worker keeps running). With ``hooks`` the
+    output is redacted line by line."""
     out = binary_out(ctx)
     reader = LogReader(session.log_path, offset)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         data = reader.read_new(4 * 1024 * 1024)
         if data:
-            out.write(redact(data) if hooks else data)
+            out.write(hooks(data) if hooks else data)
             out.flush()
             continue
         current = registry.get(session.id)
         if current.finished:
             rest = reader.read_new()
+            if hooks is not None:
+                rest = hooks(rest) + hooks.finish()
             if rest:
-                out.write(redact(rest) if hooks else rest)
+                out.write(rest)
                 out.flush()
             return current
         remaining = None if deadline is None else deadline - time.monotonic()
@@ -117,8 +155,12 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         data = tail_lines(registry, session.id, args.tail, offset)
     else:
         data = registry.read_log(session.id, byte_range=(0, offset))
+    redactor = None
     if args.redact:
-        data = redact(data)
+        redactor = LineRedactor(runtime.registry.hooks, session)
+        data = redactor(data)
+        if not args.follow:
+            data += redactor.finish()
     if ctx.json:
         ctx.emit_json(
             {
@@ -133,5 +175,5 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     out.write(data)
     out.flush()
     if args.follow:
-        stream(ctx, registry, session, offset, hooks=args.redact)
+        stream(ctx, registry, session, offset, hooks=redactor)
     return 0

@@ -1,6 +1,7 @@
 """`dispatch run`: start a command as a registry session.
 
-``dispatch run [--pty] [--cwd DIR] [--wait [--timeout S]] [--follow] [--shell] -- CMD ARGS...``
+``dispatch run [--pty] [--cwd DIR] [--wait [--timeout S]] [--follow] [--shell]
+[--notify] [--heartbeat S] [--watch PATTERN] [--watch-regex REGEX] -- CMD ARGS...``
 
 Prints the session id as the only line on stdout (``--json``: the session as JSON), then exits.
 ``--wait`` waits for the worker and passes its result through as the exit status (its exit
@@ -8,6 +9,13 @@ code, 128+N for signal N, 127 ``failed_start``, 124 when ``--timeout`` elapsed f
 Ctrl-C; in the last two cases the worker keeps running). ``--follow`` streams the output to
 stdout instead of printing the id (the id goes to stderr) and exits like ``--wait``. The argv is
 never given to a shell unless ``--shell`` is set, in which case CMD is one string for /bin/sh -c.
+
+``--notify`` publishes a completion event when the session ends, ``--heartbeat S`` a heartbeat
+event every S seconds (at least 60) with the output since the previous one, ``--watch``
+a watch event for output lines containing PATTERN (``--watch-regex``: matching REGEX). The
+events are routed to the caller (owner ``cli:<user>:<pid>``) and read with ``dispatch events``.
+Heartbeat and watch events come from a process following the session: this command with
+``--wait``/``--follow``, or the gateway.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, report
 from dispatcher.runtime import runtime_from_context
-from registry.abc import Owner, SpawnRequest, WaitOutcome
+from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, WatchPattern
 from scope.abc import CallerKind
 from scope.errors import UsageError
 
@@ -58,6 +66,34 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         "--follow", action="store_true", help="stream the output; exit with the result"
     )
     parser.add_argument("--shell", action="store_true", help="CMD is one string run by /bin/sh -c")
+    parser.add_argument(
+        "--notify", action="store_true", help="publish a completion event when it ends"
+    )
+    parser.add_argument(
+        "--heartbeat",
+        metavar="S",
+        help=f"publish a heartbeat event every S (at least {int(HEARTBEAT_FLOOR)}s) with the "
+        "output since the previous one",
+    )
+    parser.add_argument(
+        "--heartbeat-liveness",
+        action="store_true",
+        help="with --heartbeat: also when nothing new was printed",
+    )
+    parser.add_argument(
+        "--watch",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="publish a watch event for output lines containing PATTERN (repeatable)",
+    )
+    parser.add_argument(
+        "--watch-regex",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="publish a watch event for output lines matching REGEX (repeatable)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     parser.set_defaults(handler=handle)
 
@@ -93,6 +129,21 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     if timeout is not None and not (args.wait or args.follow):
         raise UsageError("--timeout needs --wait or --follow")
     cwd = os.path.abspath(args.cwd) if args.cwd else os.getcwd()
+    heartbeat = duration_arg(args.heartbeat, "--heartbeat")
+    if heartbeat is not None and heartbeat <= 0:
+        raise UsageError(f"--heartbeat {args.heartbeat!r}: give a positive duration")
+    if args.heartbeat_liveness and heartbeat is None:
+        raise UsageError("--heartbeat-liveness needs --heartbeat")
+    watch = [WatchPattern(pattern=p) for p in args.watch] + [
+        WatchPattern(pattern=p, regex=True) for p in args.watch_regex
+    ]
+    if heartbeat is not None and heartbeat < HEARTBEAT_FLOOR:
+        ctx.warn(f"--heartbeat {args.heartbeat}: raised to the floor of {int(HEARTBEAT_FLOOR)}s")
+    if (heartbeat is not None or watch) and not (args.wait or args.follow):
+        ctx.warn(
+            "heartbeat and watch events come from a process that follows the session: "
+            "add --wait or --follow, or let the gateway (dispatch serve) adopt it"
+        )
     runtime = runtime_from_context(
         ctx, caller_kind=CallerKind.CLI, follow=bool(args.wait or args.follow)
     )
@@ -106,6 +157,10 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
             caller=CallerKind.CLI,
             pty=args.pty,
             shell=args.shell,
+            notify=args.notify,
+            heartbeat=heartbeat,
+            heartbeat_liveness=args.heartbeat_liveness,
+            watch=watch,
         )
     )
     if session.warning:

@@ -442,10 +442,13 @@ class KanbanDispatcher:
 
     def _reconcile_run(self, run: Run, now: float, closed: list[Closed]) -> None:
         if run.session_id is None:
+            if claimer_alive(run.claimer_pid, run.claimer_start):
+                # Its claimer may still be spawning: never reclaim on a guess, and never record
+                # its session from here either (mid-launch the registry's row is only a draft,
+                # e.g. its placement is not known yet); the claimer records it.
+                return
             session = self._find_session(run)
             if session is None:
-                if claimer_alive(run.claimer_pid, run.claimer_start):
-                    return  # its claimer may still be spawning: never reclaim on a guess
                 result = RunResult(
                     outcome=RunOutcome.RECLAIMED,
                     error="the dispatcher that claimed this run stopped before starting a worker",
