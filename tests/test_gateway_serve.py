@@ -186,6 +186,9 @@ def test_a_card_added_elsewhere_runs_at_once(serve: Serve) -> None:
     (run,) = shown["runs"]
     out = serve.dispatch("logs", run["session_id"]).stdout
     assert out == f"hello from {card_id}\n"
+    # A card id (its latest run) and a run id name the same log.
+    assert serve.dispatch("logs", card_id).stdout == out
+    assert serve.dispatch("logs", run["run_id"]).stdout == out
     assert serve.stop() == 0
 
 

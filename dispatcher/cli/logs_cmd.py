@@ -15,7 +15,7 @@ from typing import BinaryIO
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.runtime import runtime_from_context
+from dispatcher.runtime import Runtime, runtime_from_context
 from registry.abc import Registry, Session
 from registry.hooks import OutputHooks
 from registry.output import LogReader
@@ -33,7 +33,11 @@ HELP = "Print a session's output log (raw bytes)."
 def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `logs` command."""
     parser = add_group(subparsers, "logs", common, help=HELP, description=DESCRIPTION)
-    parser.add_argument("id", help="session id or a unique prefix (at least 4 characters)")
+    parser.add_argument(
+        "id",
+        help="session id or a unique prefix (at least 4 characters), or a kanban card id "
+        "(its latest run) or run id",
+    )
     parser.add_argument(
         "-f", "--follow", action="store_true", help="keep printing until the session ends"
     )
@@ -142,13 +146,20 @@ def tail_lines(registry: Registry, session_id: str, count: int, end: int) -> byt
     return b"".join(data.splitlines(keepends=True)[-count:])
 
 
+def _session_id(runtime: Runtime, given: str) -> str:
+    """A kanban card id (its latest run's session) or run id also names a session."""
+    from dispatcher.kanban.lookup import resolve_session_id
+
+    return resolve_session_id(runtime.db, given) or given
+
+
 def handle(args: argparse.Namespace, ctx: Context) -> int:
     """Print the log (or its tail), then follow it with -f."""
     if args.tail is not None and args.tail < 0:
         raise UsageError(f"--tail {args.tail}: give a number of lines >= 0")
     runtime = runtime_from_context(ctx)
     registry = runtime.registry
-    session = registry.resolve(args.id)
+    session = registry.resolve(_session_id(runtime, args.id))
     # Everything up to this size is printed now; -f continues from exactly there.
     offset = LogReader(session.log_path).size()
     if args.tail is not None:
