@@ -9,6 +9,7 @@ stderr and their class's exit code; anything else is a bug and shows a traceback
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sqlite3
 import sys
@@ -60,6 +61,7 @@ def main(
     """Run the CLI; returns the exit status (the console script exits with it)."""
     environ = os.environ if environ is None else environ
     ctx: Context | None = None
+    handler = _diagnostics_handler()
     try:
         arguments = list(sys.argv[1:] if argv is None else argv)
         args = build_parser(arguments).parse_args(arguments)
@@ -84,6 +86,27 @@ def main(
     finally:
         if ctx is not None:
             ctx.close()
+        logging.getLogger("dispatch").removeHandler(handler)
+
+
+class _Diagnostics(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage().replace("\n", " | ")
+        return f"dispatch: {record.levelname.lower()}: {text}"
+
+
+def _diagnostics_handler() -> logging.Handler:
+    """Warnings from the library (a degraded placement, a lost session) as one line each on
+    stderr; ``dispatch serve`` replaces this with its own journal-friendly handler."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_Diagnostics())
+    handler.dispatch_cli = True  # type: ignore[attr-defined]
+    logger = logging.getLogger("dispatch")
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    return handler
 
 
 def _silence_stdout() -> None:

@@ -163,8 +163,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
             watch=watch,
         )
     )
-    if session.warning:
-        ctx.warn(session.warning)
+    # session.warning (a degraded placement) was already logged once by the scope layer.
     if args.follow:
         ctx.warn(f"session {session.id}")
     elif not ctx.json:

@@ -65,6 +65,9 @@ def configure_logging(
             LineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S%z")
         )
     logger = logging.getLogger("dispatch")
+    for old in list(logger.handlers):
+        if getattr(old, "dispatch_cli", False):
+            logger.removeHandler(old)  # the CLI's plain diagnostics handler: replaced
     logger.addHandler(handler)
     logger.setLevel(level)
     logger.propagate = False

@@ -298,6 +298,8 @@ class Gateway:
             if now >= next_poll:
                 next_poll = now + BOARD_POLL
                 poked = poked or self._board_moved()
+            if due:
+                self._adopt_strays()
             if poked or finished or due:
                 self._tick_kanban("safety" if due and not (poked or finished) else "wake")
                 next_safety = time.monotonic() + self.settings.serve.safety_tick
@@ -309,6 +311,15 @@ class Gateway:
                 self.notifier.status(self._status_line())
                 next_status = now + STATUS_INTERVAL
         return EXIT_OK
+
+    def _adopt_strays(self) -> None:
+        """Follow sessions other processes started and left (a ``dispatch run`` that exited),
+        so their completions, heartbeats and watch events flow from here."""
+        assert self._runtime is not None
+        try:
+            self._runtime.registry.adopt()
+        except DispatchError as err:
+            log.error("adopting sessions failed: %s", err)
 
     def _settle_finished(self) -> int:
         count = 0
