@@ -33,13 +33,12 @@ from scope.clock import SystemClock
 from scope.errors import NotFoundError, UsageError
 from scope.schema import format_duration
 
-HELP = "Cron jobs: list, next, run, history, pause, resume."
 MAX_COUNT = 1000
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the ``cron`` group."""
-    parser = add_group(subparsers, "cron", common, help=HELP)
+    parser = add_group(subparsers, "cron", common)
     subs = add_subgroups(parser, "cron_command")
 
     listing = subs.add_parser(

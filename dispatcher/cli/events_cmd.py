@@ -25,7 +25,6 @@ from dispatcher.runtime import runtime_from_context
 from registry.abc import Event, Registry
 from scope.errors import NotFoundError, UsageError
 
-HELP = "List, follow and acknowledge completion events."
 DESCRIPTION = (
     "List the unacknowledged registry events (completions, heartbeats, watch matches, "
     "handoffs, orphaned sessions), oldest first; --all includes acknowledged ones. --follow "
@@ -39,7 +38,7 @@ FOLLOW_INTERVAL = 0.5
 
 def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `events` command."""
-    parser = add_group(subparsers, "events", common, help=HELP, description=DESCRIPTION)
+    parser = add_group(subparsers, "events", common, description=DESCRIPTION)
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     parser.add_argument("--ack", nargs="+", metavar="ID", help="acknowledge these event ids")
     parser.add_argument("--owner", metavar="OWNER", help="only events routed to this owner")

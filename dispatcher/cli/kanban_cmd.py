@@ -29,13 +29,12 @@ from dispatcher.kanban.workspace import Workspace
 from scope.abc import CallerKind
 from scope.errors import UsageError
 
-HELP = "Kanban board: add, list, show, tick, complete, block, ..."
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `kanban` group."""
-    parser = add_group(subparsers, "kanban", common, help=HELP)
+    parser = add_group(subparsers, "kanban", common)
     subs = add_subgroups(parser, "kanban_command")
 
     def sub(name: str, help: str, handler: object) -> Parser:

@@ -21,12 +21,11 @@ DESCRIPTION = (
     "registry.kill_grace), and nothing may survive (exit 1 if something does). Killing a "
     "session that already finished succeeds and changes nothing."
 )
-HELP = "Kill a session (scope stop or process-group SIGTERM, grace, SIGKILL)."
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `kill` command."""
-    parser = add_group(subparsers, "kill", common, help=HELP, description=DESCRIPTION)
+    parser = add_group(subparsers, "kill", common, description=DESCRIPTION)
     parser.add_argument("id", help="session id or a unique prefix (at least 4 characters)")
     parser.add_argument(
         "--grace", metavar="S", help="seconds between SIGTERM and SIGKILL (default: config)"

@@ -27,12 +27,11 @@ DESCRIPTION = (
     "bearer tokens, password=/token= values, passwords in URLs, registry.redact_patterns) are "
     "masked."
 )
-HELP = "Print a session's output log (raw bytes)."
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `logs` command."""
-    parser = add_group(subparsers, "logs", common, help=HELP, description=DESCRIPTION)
+    parser = add_group(subparsers, "logs", common, description=DESCRIPTION)
     parser.add_argument(
         "id",
         help="session id or a unique prefix (at least 4 characters), or a kanban card id "

@@ -11,8 +11,6 @@ from dispatcher.cli.timefmt import iso, short
 from dispatcher.runtime import runtime_from_context
 from registry.abc import Session
 
-HELP = "List registry sessions."
-
 
 def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the `ps` command."""
@@ -20,7 +18,6 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         subparsers,
         "ps",
         common,
-        help=HELP,
         description="List registry sessions: running ones, or all with --all (newest first).",
     )
     parser.add_argument("--all", "-a", action="store_true", help="include finished sessions")

@@ -34,7 +34,6 @@ from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, Watc
 from scope.abc import CallerKind
 from scope.errors import UsageError
 
-HELP = "Start a command as a registry session (argv after --)."
 DESCRIPTION = (
     "Start CMD ARGS (after --) as a registry session and print its id as the only stdout line. "
     "--wait waits and exits with the worker's result: its exit code, 128+N for signal N, 127 "
@@ -51,7 +50,6 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         subparsers,
         "run",
         common,
-        help=HELP,
         description=DESCRIPTION,
     )
     parser.add_argument("--pty", action="store_true", help="run on a pseudo-terminal")

@@ -18,8 +18,6 @@ from registry.abc import Session, SessionState, WaitOutcome
 from scope.errors import UsageError
 from scope.schema import Invalid, parse_duration
 
-HELP = "Wait for a session to finish; exit with its result."
-
 EXIT_TIMEOUT = 124
 EXIT_FAILED_START = 127
 EXIT_LOST = 1
@@ -31,7 +29,6 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         subparsers,
         "wait",
         common,
-        help=HELP,
         description="Wait for a session to finish and exit with its result: its exit code, "
         "128+N for signal N, 127 failed_start, 124 when --timeout elapsed (the worker keeps "
         "running), 130 on Ctrl-C.",
