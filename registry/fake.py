@@ -251,7 +251,7 @@ class FakeRegistry(Registry):
             return self.sessions[prefix]
         wanted = prefix if prefix.startswith("s_") else "s_" + prefix
         matches = [sid for sid in self.sessions if sid.startswith(wanted)]
-        if len(prefix.removeprefix("s_")) < 4 or not matches:
+        if len(prefix) < 4 or not prefix.removeprefix("s_") or not matches:
             raise NotFoundError("session", prefix)
         if len(matches) > 1:
             raise AmbiguousId("session", prefix, sorted(matches))

@@ -317,7 +317,8 @@ class ProcessRegistry(Registry):
     def resolve(self, prefix: str) -> Session:
         text = prefix.strip()
         body = text.removeprefix("s_")
-        if len(body) < 4:
+        # "At least 4 characters" of the id as typed: s_3f9a and 3f9a both qualify.
+        if len(text) < 4 or not body:
             raise UsageError(
                 f"session id {prefix!r} is too short",
                 remedy="give at least 4 characters of the id (see 'dispatch ps --all')",

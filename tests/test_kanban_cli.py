@@ -205,7 +205,7 @@ def test_worker_commands_from_the_environment(cli: Cli, home: Path) -> None:
         (["kanban", "add", "  ", "--assignee", "echo"], "title"),
         (["kanban", "add", "x", "--assignee", "echo", "--priority", "high"], "--priority"),
         (["kanban", "show", "c_ffff0000ff"], "no card"),
-        (["kanban", "show", "c_12"], "too short"),
+        (["kanban", "show", "c_1"], "too short"),
         (["kanban", "move", "CARD", "running"], "running"),
         (["kanban", "edit", "CARD", "--assignee", "nobody"], "nobody"),
         (["kanban", "complete", "CARD", "--run", "r_0000000000"], "stale run"),

@@ -97,8 +97,9 @@ def test_prefix_resolution(store: SqliteBoardStore) -> None:
     assert store.resolve_card(card_id).id == card_id
     assert store.resolve_card(card_id[:6]).id == card_id
     assert store.resolve_card(card_id[2:7].upper()).id == card_id
+    assert store.resolve_card(card_id[:4]).id == card_id  # 4 characters as typed
     with pytest.raises(BadCard, match="too short"):
-        store.resolve_card(card_id[:4])
+        store.resolve_card(card_id[:3])
     with pytest.raises(BadCard, match="look like"):
         store.resolve_card("c_xyz!")
     with pytest.raises(NotFoundError):

@@ -71,7 +71,7 @@ def test_logs_of_an_unknown_id_is_one_line_exit_2(env: dict[str, str]) -> None:
 
 
 def test_short_prefix_is_a_usage_error(env: dict[str, str]) -> None:
-    done = dispatch(env, "wait", "s_ab")
+    done = dispatch(env, "wait", "s_a")
     assert done.returncode == 2
     assert "at least 4 characters" in done.stderr.decode()
 

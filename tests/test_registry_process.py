@@ -195,8 +195,9 @@ def test_ids_resolve_by_prefix(registry: ProcessRegistry) -> None:
     assert registry.resolve(session.id).id == session.id
     assert registry.resolve(session.id[:6]).id == session.id
     assert registry.resolve(session.id[2:7]).id == session.id
+    assert registry.resolve(session.id[:4]).id == session.id  # 4 characters as typed
     with pytest.raises(UsageError):
-        registry.resolve(session.id[:4])  # "s_" + 2 hex digits: too short
+        registry.resolve(session.id[:3])  # too short
     with pytest.raises(NotFoundError):
         registry.resolve("nosuch")
     with pytest.raises(NotFoundError):

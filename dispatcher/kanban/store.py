@@ -151,7 +151,7 @@ class SqliteBoardStore(BoardStore):
                 text,
                 f"{kind} ids look like {prefix}1a2b3c4d5e",
                 remedy=f"copy the id from 'dispatch kanban list' (at least {MIN_PREFIX} "
-                "characters after the prefix)",
+                "characters)",
             )
         full = prefix + body
         with self.db.read() as conn:
@@ -161,11 +161,11 @@ class SqliteBoardStore(BoardStore):
             ).fetchone()
             if exact is not None:
                 return str(exact[0])
-            if len(body) < MIN_PREFIX:
+            if len(given) < MIN_PREFIX or not body:
                 raise BadCard(
                     f"{kind} id",
                     text,
-                    f"too short: give at least {MIN_PREFIX} characters after {prefix!r}",
+                    f"too short: give at least {MIN_PREFIX} characters of the id",
                 )
             rows = conn.execute(
                 f"SELECT {column} FROM {table} WHERE {column} GLOB ? ORDER BY {column}"  # noqa: S608
