@@ -3,7 +3,8 @@
 Each ``tests/benchmarks/bench_<name>.py`` exposes ``NAME``, a one-line ``DESCRIPTION`` and
 ``run(quick: bool) -> list[Row]``. A benchmark that raises is reported as an error row and the
 others still run; the exit status is then 1. Exit status 2 is a usage error (unknown name).
-``--strict`` also exits 1 when a figure misses its target.
+``--strict`` also exits 1 when a figure misses its target. ``--markdown`` prints the combined
+table as Markdown (the form docs/benchmarks.md records).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from types import ModuleType
 
 from tests.benchmarks.common import Row
 
-__all__ = ["Benchmark", "discover", "main"]
+__all__ = ["Benchmark", "discover", "main", "render_markdown", "render_table"]
 
 _PREFIX = "bench_"
 
@@ -105,6 +106,31 @@ def render_table(results: Sequence[tuple[str, Row]]) -> str:
     return "\n".join(out)
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(results: Sequence[tuple[str, Row]]) -> str:
+    """The same rows as :func:`render_table`, as a Markdown table (met: yes / **NO** / -)."""
+    header = ("benchmark", "figure", "value", "unit", "baseline", "ratio", "target", "met", "note")
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---:|---|---:|---:|---|---|---|"]
+    for bench, row in results:
+        met = {True: "yes", False: "**NO**", None: "-"}[row.met]
+        cells = (
+            bench,
+            row.figure,
+            _fmt(row.value),
+            row.unit,
+            _fmt(row.baseline),
+            "-" if row.ratio is None else f"{row.ratio:.2f}x",
+            row.target or "-",
+            met,
+            row.note,
+        )
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks", description=__doc__)
@@ -113,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only", nargs="+", action="extend", metavar="NAME", help="run only these benchmarks"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the table as Markdown (for the docs)"
+    )
     parser.add_argument("--list", action="store_true", help="list benchmarks and exit")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
@@ -162,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(document, indent=2))
     else:
         print()
-        print(render_table(results))
+        print(render_markdown(results) if args.markdown else render_table(results))
         if errors:
             print(f"\n{errors} benchmark(s) failed; see the error rows and stderr")
     if errors or (args.strict and missed):
