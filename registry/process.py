@@ -334,8 +334,9 @@ class ProcessRegistry(Registry):
 
     def list_sessions(self, *, include_finished: bool = False) -> list[Session]:
         found = []
+        self._reap_children()  # once per listing, not once per session (that was quadratic)
         for stored in self.store.sessions(include_finished=include_finished):
-            session = self._refresh(stored).session
+            session = self._refresh(stored, reap=False).session
             if include_finished or not session.finished:
                 found.append(session)
         return found
@@ -346,9 +347,11 @@ class ProcessRegistry(Registry):
             raise NotFoundError("session", session_id, remedy="see 'dispatch ps --all' for ids")
         return stored
 
-    def _refresh(self, stored: StoredSession) -> StoredSession:
-        """Reconcile a running session nobody here follows with its files and processes."""
-        self._reap_children()
+    def _refresh(self, stored: StoredSession, *, reap: bool = True) -> StoredSession:
+        """Reconcile a running session nobody here follows with its files and processes
+        (``reap``: collect our ended keepers first; callers looping over sessions do it once)."""
+        if reap:
+            self._reap_children()
         session = stored.session
         if session.finished:
             return stored
@@ -603,11 +606,12 @@ class ProcessRegistry(Registry):
 
     def adopt(self) -> list[Session]:
         changed: list[Session] = []
+        self._reap_children()
         for stored in self.store.running():
             session = stored.session
             if self._follower is not None and session.id in self._follower:
                 continue
-            refreshed = self._refresh(stored)
+            refreshed = self._refresh(stored, reap=False)
             if refreshed.session.finished:
                 changed.append(refreshed.session)
                 continue
@@ -892,13 +896,14 @@ class ProcessRegistry(Registry):
 
     def pending_completions(self, owner: Owner | str | None = None) -> int:
         count = 0
+        self._reap_children()
         for stored in self.store.running_notifying():
             if owner is not None and not owned_by(stored.session.owner, owner):
                 continue
             followed = self._follower is not None and stored.session.id in self._follower
             if not followed:
                 # Nobody here follows it: reconcile now (a recorded end is published at once).
-                stored = self._refresh(stored)
+                stored = self._refresh(stored, reap=False)
                 if stored.session.finished:
                     continue
             if SessionDir(Path(stored.dir)).has_exit():

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import queue
+import resource
 import select
 import signal
 import threading
@@ -174,6 +175,7 @@ class Gateway:
         """Serve until asked to stop; returns the exit status (0, 1 or 75)."""
         lock = ServeLock(self.state_dir)
         lock.acquire()
+        _raise_fd_limit()
         logging.getLogger("dispatch").addHandler(self.errors)
         previous = self._install_signals()
         wake: WakeSocket | None = None
@@ -240,8 +242,7 @@ class Gateway:
         runtime.registry.prune()
         self._tick_kanban("start")
         self._cron.start()
-        self._write_status()
-        self.notifier.ready(self._status_line())
+        self.notifier.ready(self._refresh_status())
         log.info(
             "dispatch serve ready in %.0f ms (pid %d, state dir %s)",
             (time.monotonic() - begun) * 1000,
@@ -271,20 +272,24 @@ class Gateway:
         next_status = now + STATUS_INTERVAL
         next_poll = now + BOARD_POLL
         next_watchdog = now + watchdog if watchdog else None
-        readers: list[Any] = [self._pipe_r] + ([wake] if wake is not None else [])
+        # poll(), not select(): with many workers open fds can pass select's 1024 limit.
+        poller = select.poll()
+        poller.register(self._pipe_r, select.POLLIN)
+        if wake is not None:
+            poller.register(wake.fileno(), select.POLLIN)
         while not self._stop:
             now = time.monotonic()
             deadlines = [next_safety, next_status, next_poll]
             if next_watchdog is not None:
                 deadlines.append(next_watchdog)
             timeout = max(0.0, min(deadlines) - now)
-            ready, _, _ = select.select(readers, [], [], timeout)
+            ready = {fd for fd, _ in poller.poll(timeout * 1000)}
             poked = False
             if self._pipe_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self._pipe_r, 4096):
                         pass
-            if wake is not None and wake in ready:
+            if wake is not None and wake.fileno() in ready:
                 poked = wake.drain() > 0
             if self._stop:
                 break
@@ -307,8 +312,7 @@ class Gateway:
                 self.notifier.watchdog()
                 next_watchdog = now + (watchdog or 1.0)
             if now >= next_status:
-                self._write_status()
-                self.notifier.status(self._status_line())
+                self.notifier.status(self._refresh_status())
                 next_status = now + STATUS_INTERVAL
         return EXIT_OK
 
@@ -360,7 +364,7 @@ class Gateway:
             loaded = load_config(self.config_path)
         except DispatchError as err:
             log.error("reload rejected, keeping the old config: %s", err)
-            self.notifier.ready(self._status_line())
+            self.notifier.ready(self._refresh_status())
             return
         new = loaded.settings
         for section in ("scope", "registry", "serve"):
@@ -377,7 +381,7 @@ class Gateway:
         self._cron.reload(new.cron)
         self._kanban = self._make_kanban(new)
         log.info("reloaded %s", loaded.source)
-        self.notifier.ready(self._status_line())
+        self.notifier.ready(self._refresh_status())
 
     def _shutdown(self) -> None:
         self.notifier.stopping()
@@ -407,7 +411,7 @@ class Gateway:
                 "stopping; %d workers keep running in their own scopes or sessions",
                 len(running) - len(degraded),
             )
-            self._write_status(stopping=True)
+            self._refresh_status(stopping=True)
         except Exception:
             log.exception("final bookkeeping failed")
         finally:
@@ -436,12 +440,31 @@ class Gateway:
         cards = {status.value: n for status, n in self._store.status_counts().items()}
         return {"workers": dict(by_kind), "cards": cards}
 
-    def _status_line(self) -> str:
+    def _refresh_status(self, *, stopping: bool = False) -> str:
+        """Write the status file and return the STATUS= line, from one look at the sessions
+        and the board (listing sessions is the expensive part with many workers)."""
         try:
             counts = self._counts()
             placement = self.placement_now()
         except Exception as err:  # status must never take the gateway down
+            log.exception("cannot collect the status")
             return f"running (status unavailable: {err})"
+        try:
+            write_status(
+                self.state_dir,
+                ServeStatus(
+                    pid=os.getpid(),
+                    started_at=self._started_at,
+                    updated_at=self.clock.time(),
+                    stopping=stopping,
+                    placement=placement,
+                    workers=counts["workers"],
+                    kanban_ticks=self._ticks,
+                    recent_errors=list(self.errors.items),
+                ),
+            )
+        except OSError as err:
+            log.error("cannot write the status file: %s", err)
         workers = sum(counts["workers"].values())
         cards = counts["cards"]
         return (
@@ -450,19 +473,14 @@ class Gateway:
             f"{placement['cron']}, kanban {placement['kanban']}"
         )
 
-    def _write_status(self, *, stopping: bool = False) -> None:
+
+def _raise_fd_limit() -> None:
+    """Lift the soft open-files limit to the hard one: every followed worker costs the gateway
+    a few descriptors, and systemd's default soft limit (1024) is reached near 500 workers."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < wanted:
         try:
-            counts = self._counts()
-            status = ServeStatus(
-                pid=os.getpid(),
-                started_at=self._started_at,
-                updated_at=self.clock.time(),
-                stopping=stopping,
-                placement=self.placement_now(),
-                workers=counts["workers"],
-                kanban_ticks=self._ticks,
-                recent_errors=list(self.errors.items),
-            )
-            write_status(self.state_dir, status)
-        except Exception:
-            log.exception("cannot write the status file")
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as err:
+            log.warning("cannot raise the open-files limit from %d: %s", soft, err)
