@@ -112,6 +112,8 @@ class Session:
     log_path: str
     pty: bool = False
     keeper_pid: int | None = None
+    """None only while the session is a draft: recorded, its keeper not started yet (a launcher
+    that dies then leaves a draft that never runs)."""
     keeper_start: int | None = None
     """Kernel start time of the keeper (clock ticks since boot, /proc/PID/stat field 22)."""
     worker_pid: int | None = None

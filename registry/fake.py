@@ -50,6 +50,9 @@ from scope.errors import NotFoundError, UsageError
 DEFAULT_OUTPUT_CHARS = 2000
 
 
+FAKE_PID_BASE = 10_000_000
+
+
 class FakeRegistry(Registry):
     """Sessions in a dict; outputs in memory; ``finish`` ends them."""
 
@@ -221,6 +224,8 @@ class FakeRegistry(Registry):
             completion_reason=f"No such file or directory: {argv[0]!r}" if failed else None,
             timeout=request.timeout,
             labels=dict(request.labels),
+            # Synthetic, beyond any real pid_max (2**22): nothing here is ever signalled.
+            keeper_pid=FAKE_PID_BASE + len(self.sessions),
             warning=warning,
             notify=request.notify or heartbeat is not None,
             heartbeat=heartbeat,

@@ -684,3 +684,28 @@ def test_a_degraded_worker_that_fails_on_its_own_still_counts(tmp_path: Path) ->
         rig.registry.finish(session_id, exit_code=None, signal="SIGTERM")
         rig.tick()
         assert rig.store.get_card(card_id).consecutive_failures == 1
+
+
+def test_a_draft_session_of_a_dead_claimer_is_reclaimed_not_counted(rig: Rig) -> None:
+    """The claimer died mid-launch: the registry holds only a draft (no keeper yet). The run
+    is reclaimed (not counted) and the card starts again, never recorded with the draft."""
+    import dataclasses
+
+    card_id = rig.add()
+    pid, start = dead_claimer()
+    claim = rig.store.claim(
+        card_id,
+        now=rig.clock.time(),
+        claimer=Claimer(pid=pid, start=start),
+        limits=Limits(max_in_progress=9),
+    )
+    assert claim.run is not None
+    draft = rig.registry.spawn(
+        SpawnRequest(argv=["w"], cwd="/", env={}, owner=Owner(kind="kanban", id=claim.run.run_id))
+    )
+    rig.registry.sessions[draft.id] = dataclasses.replace(draft, keeper_pid=None)
+    rig.tick()
+    first = rig.store.get_run(claim.run.run_id)
+    assert first.outcome is RunOutcome.RECLAIMED and first.session_id is None
+    assert rig.store.get_card(card_id).consecutive_failures == 0
+    assert rig.outcomes(card_id) == ["reclaimed", None]  # started again

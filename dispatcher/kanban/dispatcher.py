@@ -448,7 +448,9 @@ class KanbanDispatcher:
                 # e.g. its placement is not known yet); the claimer records it.
                 return
             session = self._find_session(run)
-            if session is None:
+            if session is None or session.keeper_pid is None:
+                # No session, or only the registry's draft of one: the claimer died before
+                # a keeper was started (a held keeper exits when its launcher's gate closes).
                 result = RunResult(
                     outcome=RunOutcome.RECLAIMED,
                     error="the dispatcher that claimed this run stopped before starting a worker",
