@@ -40,7 +40,8 @@ def registry(tmp_path: Path) -> Iterator[ProcessRegistry]:
 
 def test_spawn_wait_exit_code_and_output(registry: ProcessRegistry) -> None:
     session = registry.spawn(request(EXIT_3))
-    assert session.state is SessionState.RUNNING
+    # A worker this quick may already have ended when spawn returns; both are truthful.
+    assert session.state in (SessionState.RUNNING, SessionState.EXITED)
     assert session.id.startswith("s_") and len(session.id) == 14
     assert session.keeper_pid and session.worker_pid and session.worker_start
     result = registry.wait(session.id, timeout=10)
