@@ -698,8 +698,16 @@ class Keeper:
     def _mark_disk_loss(self) -> None:
         lost = self.disk_lost - self.disk_marked
         marker = f"\n[dispatch: {lost} bytes of output lost: the disk was full]\n".encode()
+        start = self.log_pos
         if self._append(marker, count_loss=False) == len(marker):
             self.disk_marked = self.disk_lost
+        elif self.log_pos != start:
+            # Half a marker is noise: take it back and try again with the next output.
+            self.log_pos = start
+            try:
+                posix.ftruncate(self.log_fd, start)
+            except OSError:
+                pass
 
     def read_output(self, limit: int = 1 << 62) -> bool:
         """Capture what is available (up to ``limit`` bytes); False once the output hit EOF."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -301,7 +302,10 @@ def test_full_disk_is_counted_marked_and_the_record_is_written(
     assert record["dropped_bytes"] > 0
     log = (sdir / "output.log").read_bytes()
     lost = record["dropped_bytes"]
-    assert f"[dispatch: {lost} bytes of output lost: the disk was full]".encode() in log
+    # One marker per stretch of loss (space can come and go while the disk is nearly full);
+    # together they account for every byte lost.
+    marked = [int(n) for n in re.findall(rb"\[dispatch: (\d+) bytes of output lost", log)]
+    assert marked and sum(marked) == lost
     assert log.endswith(b"after\n")
     assert log.count(b"\0") == 300000 - lost
 
