@@ -709,3 +709,16 @@ def test_a_draft_session_of_a_dead_claimer_is_reclaimed_not_counted(rig: Rig) ->
     assert first.outcome is RunOutcome.RECLAIMED and first.session_id is None
     assert rig.store.get_card(card_id).consecutive_failures == 0
     assert rig.outcomes(card_id) == ["reclaimed", None]  # started again
+
+
+def test_running_out_of_file_descriptors_is_infrastructure(rig: Rig) -> None:
+    import errno
+
+    card_id = rig.add()
+    rig.registry.spawn_errors.append(OSError(errno.EMFILE, "Too many open files"))
+    report = rig.tick()
+    assert [c.outcome for c in report.refused] == [RunOutcome.SPAWN_REFUSED]
+    card = rig.store.get_card(card_id)
+    assert card.status is CardStatus.READY and card.consecutive_failures == 0
+    (run,) = rig.store.runs_of(card_id)
+    assert run.infrastructure and "ran out of resources" in (run.error or "")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -49,6 +50,9 @@ from scope.abc import CallerKind, Placement, Scoper
 from scope.errors import DispatchError, ManagerLost, NotFoundError, ScopeUnavailable
 
 log = logging.getLogger("dispatch.kanban")
+
+HOST_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+"""errno values of a spawn that failed for lack of host resources (infrastructure)."""
 
 TIMEOUT_SLACK = 30.0
 """Seconds past an assignee's timeout before the dispatcher kills a worker itself. The keeper
@@ -355,6 +359,19 @@ class KanbanDispatcher:
             return self._close_at_spawn(run, now, RunOutcome.CONFIG_ERROR, err.message)
         except DispatchError as err:
             return self._close_at_spawn(run, now, RunOutcome.FAILED_START, err.message)
+        except OSError as err:
+            if err.errno in HOST_LIMITS:
+                # The host, not the card: out of descriptors, processes or memory. Infrastructure
+                # (never counted, retried after the cooldown), like a refused placement.
+                return self._close_at_spawn(
+                    run,
+                    now,
+                    RunOutcome.SPAWN_REFUSED,
+                    f"the host ran out of resources: {err.strerror or err}",
+                    infrastructure=True,
+                )
+            log.exception("card %s run %s: spawn failed unexpectedly", card.id, run.run_id)
+            return self._close_at_spawn(run, now, RunOutcome.FAILED_START, str(err))
         except Exception as err:
             # A bug below us must not leave the run open under a live claimer for good.
             log.exception("card %s run %s: spawn failed unexpectedly", card.id, run.run_id)
