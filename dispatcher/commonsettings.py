@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from scope.schema import (
+    Argv,
+    Bool,
     Invalid,
     MapOf,
+    Optional,
     Str,
+    setting,
 )
 
 JOB_ID_PATTERN = r"[a-z0-9][a-z0-9_-]*"
@@ -27,3 +33,41 @@ def check_command(command: str | tuple[str, ...], shell: bool) -> None:
             '(e.g. ["backup", "--full"]) or set shell: true',
             ("command",),
         )
+
+
+# Settings every worker definition has (cron jobs and kanban assignees), defined once so the
+# two stay alike. Each returns a fresh dataclass field.
+
+
+def command_setting() -> Any:
+    """``command``: an argv list, or a string with ``shell: true``."""
+    return setting(kind=Argv(), doc="argv list to run; a single string only with shell: true.")
+
+
+def shell_setting() -> Any:
+    """``shell``: run a string command through ``/bin/sh -c``."""
+    return setting(False, kind=Bool(), doc="Run a string command through /bin/sh -c.")
+
+
+def cwd_setting() -> Any:
+    """``cwd``: the worker's working directory."""
+    return setting(None, kind=Optional(Str()), doc="Working directory (default: the state dir).")
+
+
+def env_setting() -> Any:
+    """``env``: extra environment variables."""
+    return setting(default_factory=dict, kind=env_kind(), doc="Extra environment variables.")
+
+
+def env_file_setting() -> Any:
+    """``env_file``: NAME=value lines, ours and 0600."""
+    return setting(
+        None,
+        kind=Optional(Str()),
+        doc="File of NAME=value lines added to the environment; must be ours and mode 0600.",
+    )
+
+
+def pty_setting() -> Any:
+    """``pty``: run the worker on a pseudo-terminal."""
+    return setting(False, kind=Bool(), doc="Run the worker on a pseudo-terminal.")

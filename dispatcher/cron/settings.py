@@ -5,7 +5,16 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from dispatcher.commonsettings import JOB_ID_PATTERN, check_command, env_kind
+from dispatcher.commonsettings import (
+    JOB_ID_PATTERN,
+    check_command,
+    command_setting,
+    cwd_setting,
+    env_file_setting,
+    env_setting,
+    pty_setting,
+    shell_setting,
+)
 from dispatcher.cron.crontab import parse as parse_crontab
 from dispatcher.cron.errors import CronExpressionError
 from scope.schema import (
@@ -70,21 +79,11 @@ class CronJob:
     timezone: str | None = setting(
         None, kind=Optional(Zone()), doc="IANA time zone of the schedule (default: the host's)."
     )
-    command: str | tuple[str, ...] = setting(
-        kind=Argv(), doc="argv list to run; a single string only with shell: true."
-    )
-    shell: bool = setting(False, kind=Bool(), doc="Run a string command through /bin/sh -c.")
-    cwd: str | None = setting(
-        None, kind=Optional(Str()), doc="Working directory (default: the state dir)."
-    )
-    env: dict[str, str] = setting(
-        default_factory=dict, kind=env_kind(), doc="Extra environment variables."
-    )
-    env_file: str | None = setting(
-        None,
-        kind=Optional(Str()),
-        doc="File of NAME=value lines added to the environment; must be ours and mode 0600.",
-    )
+    command: str | tuple[str, ...] = command_setting()
+    shell: bool = shell_setting()
+    cwd: str | None = cwd_setting()
+    env: dict[str, str] = env_setting()
+    env_file: str | None = env_file_setting()
     timeout: float | None = setting(
         None,
         kind=Optional(Duration(min=1)),
@@ -113,7 +112,7 @@ class CronJob:
         100, kind=Int(min=1), doc="At most this many missed fires run under catch_up: all."
     )
     enabled: bool = setting(True, kind=Bool(), doc="Disabled jobs never fire.")
-    pty: bool = setting(False, kind=Bool(), doc="Run the worker on a pseudo-terminal.")
+    pty: bool = pty_setting()
     on_failure: tuple[str, ...] | None = setting(
         None,
         kind=Optional(Argv()),

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dispatcher.commonsettings import JOB_ID_PATTERN, check_command, env_kind
+from dispatcher.commonsettings import (
+    JOB_ID_PATTERN,
+    check_command,
+    command_setting,
+    cwd_setting,
+    env_file_setting,
+    env_setting,
+    pty_setting,
+    shell_setting,
+)
 from scope.schema import (
-    Argv,
     Bool,
     Duration,
     Int,
     MapOf,
     Optional,
     Record,
-    Str,
     setting,
 )
 
@@ -22,21 +29,11 @@ from scope.schema import (
 class Assignee:
     """One entry of ``kanban.assignees``: how a card's worker is started."""
 
-    command: str | tuple[str, ...] = setting(
-        kind=Argv(), doc="argv list of the worker; a single string only with shell: true."
-    )
-    shell: bool = setting(False, kind=Bool(), doc="Run a string command through /bin/sh -c.")
-    cwd: str | None = setting(
-        None, kind=Optional(Str()), doc="Working directory (default: the state dir)."
-    )
-    env: dict[str, str] = setting(
-        default_factory=dict, kind=env_kind(), doc="Extra environment variables."
-    )
-    env_file: str | None = setting(
-        None,
-        kind=Optional(Str()),
-        doc="File of NAME=value lines added to the environment; must be ours and mode 0600.",
-    )
+    command: str | tuple[str, ...] = command_setting()
+    shell: bool = shell_setting()
+    cwd: str | None = cwd_setting()
+    env: dict[str, str] = env_setting()
+    env_file: str | None = env_file_setting()
     max_in_progress: int | None = setting(
         None, kind=Optional(Int(min=1)), doc="Cap on this assignee's running cards."
     )
@@ -45,7 +42,7 @@ class Assignee:
         kind=Optional(Duration(min=1)),
         doc="Kill the worker after this long (outcome timed_out, counts as a failure).",
     )
-    pty: bool = setting(False, kind=Bool(), doc="Run the worker on a pseudo-terminal.")
+    pty: bool = pty_setting()
 
     def check(self) -> None:
         """String commands need shell."""
