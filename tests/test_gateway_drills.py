@@ -21,6 +21,7 @@ import pytest
 
 from dispatcher.config import load_config
 from dispatcher.kanban.workspace import Workspace
+from tests.support.cli import run_dispatch
 from tests.support.systemd import SystemdManager
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
@@ -58,25 +59,7 @@ class Gate:
         return env
 
     def dispatch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dispatcher.cli.main",
-                "--config",
-                str(self.config),
-                "--state-dir",
-                str(self.state),
-                *args,
-            ],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"dispatch {' '.join(args)}: {proc.returncode} {proc.stderr}")
-        return proc
+        return run_dispatch(self.config, self.state, self.env(), *args, check=check)
 
     def start(self) -> str:
         self.unit = self.manager.run_transient_service(

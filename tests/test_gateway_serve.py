@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import run_dispatch
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,25 +106,7 @@ class Serve:
         return result
 
     def dispatch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "dispatcher.cli.main",
-                "--config",
-                str(self.config),
-                "--state-dir",
-                str(self.state),
-                *args,
-            ],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(f"dispatch {args}: exit {proc.returncode}: {proc.stderr}")
-        return proc
+        return run_dispatch(self.config, self.state, self.env(), *args, check=check)
 
     def card(self, card_id: str) -> dict:
         return json.loads(self.dispatch("kanban", "show", card_id, "--json").stdout)
