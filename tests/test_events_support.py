@@ -5,7 +5,6 @@ No tests live here; the other test_events_* modules import from it.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,11 +13,9 @@ from pathlib import Path
 from registry.abc import Event, EventType
 from registry.hooks import OutputHooks
 from registry.process import ProcessRegistry
-from registry.state import StateDB
-from registry.store import COMPONENT
 from scope.clock import FakeClock
 from tests.support.wait import wait_for
-from tests.test_registry_support import settings, unscoped
+from tests.test_registry_support import open_registry
 
 # A worker that prints each line it reads (so a test decides when output appears) and exits
 # on a line "quit".
@@ -45,26 +42,10 @@ def registry_at(
     **overrides: object,
 ) -> Iterator[ProcessRegistry]:
     """A ProcessRegistry on ``state_dir`` with its own database connection and clock."""
-    db = StateDB.in_dir(state_dir, [COMPONENT])
-    registry = ProcessRegistry(
-        state_dir=state_dir,
-        db=db,
-        scoper=unscoped(),
-        settings=settings(**overrides),
-        clock=clock,
-        follow=follow,
-        hooks=hooks,
-    )
-    try:
+    with open_registry(
+        state_dir, follow=follow, cleanup=cleanup, clock=clock, hooks=hooks, **overrides
+    ) as registry:
         yield registry
-    finally:
-        try:
-            for session in registry.list_sessions() if cleanup else ():
-                with contextlib.suppress(Exception):
-                    registry.kill(session.id, grace=0.2)
-        finally:
-            registry.close()
-            db.close()
 
 
 def of_type(registry: ProcessRegistry, session_id: str, kind: EventType) -> list[Event]:

@@ -15,12 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from registry.abc import Owner, SpawnRequest
+from registry.hooks import OutputHooks
 from registry.process import KEEPER_SCRIPT, ProcessRegistry
 from registry.procinfo import MARKER_ENV, table
 from registry.settings import RegistrySettings
 from registry.state import StateDB
 from registry.store import COMPONENT
 from scope.abc import CallerKind, Scoper
+from scope.clock import Clock
 from scope.fake import FakeScoper
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,6 +62,8 @@ def open_registry(
     follow: bool = True,
     protect_gateway: bool = False,
     cleanup: bool = True,
+    clock: Clock | None = None,
+    hooks: OutputHooks | None = None,
     **setting_overrides: object,
 ) -> Iterator[ProcessRegistry]:
     """A ProcessRegistry on ``state_dir`` (database opened and closed with it). ``cleanup``
@@ -72,6 +76,8 @@ def open_registry(
         settings=settings(**setting_overrides),
         follow=follow,
         protect_gateway=protect_gateway,
+        clock=clock,
+        hooks=hooks,
     )
     try:
         yield registry
