@@ -3,6 +3,8 @@ infrastructure cooldown, budgets, reclaim, fences and operator stops."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import os
 import stat
 import subprocess
@@ -24,6 +26,7 @@ from dispatcher.kanban.model import (
     Claimer,
     Limits,
     NewCard,
+    Run,
     RunOutcome,
 )
 from dispatcher.kanban.report import TickReport
@@ -464,15 +467,7 @@ def dead_claimer() -> tuple[int, int]:
 
 
 def test_a_run_whose_claimer_died_before_spawning_is_reclaimed(rig: Rig) -> None:
-    card_id = rig.add()
-    pid, start = dead_claimer()
-    claim = rig.store.claim(
-        card_id,
-        now=rig.clock.time(),
-        claimer=Claimer(pid=pid, start=start),
-        limits=Limits(max_in_progress=9),
-    )
-    assert claim.run is not None
+    card_id, run = claimed_by_the_dead(rig)
     report = rig.tick()
     assert [c.outcome for c in report.reconciled] == [RunOutcome.RECLAIMED]
     assert [d.card_id for d in report.dispatched] == [card_id]
@@ -491,7 +486,8 @@ def test_a_run_whose_claimer_lives_is_left_alone(rig: Rig) -> None:
     assert rig.outcomes(card_id) == [None]
 
 
-def test_an_unrecorded_spawn_is_found_by_owner_not_respawned(rig: Rig) -> None:
+def claimed_by_the_dead(rig: Rig) -> tuple[str, Run]:
+    """A card claimed by a dispatcher that has since died (its run open, nothing recorded)."""
     card_id = rig.add()
     pid, start = dead_claimer()
     claim = rig.store.claim(
@@ -501,13 +497,18 @@ def test_an_unrecorded_spawn_is_found_by_owner_not_respawned(rig: Rig) -> None:
         limits=Limits(max_in_progress=9),
     )
     assert claim.run is not None
+    return card_id, claim.run
+
+
+def test_an_unrecorded_spawn_is_found_by_owner_not_respawned(rig: Rig) -> None:
+    card_id, run = claimed_by_the_dead(rig)
     # The dead dispatcher got as far as spawning: its worker lives on.
     session = rig.registry.spawn(
-        SpawnRequest(argv=["w"], cwd="/", env={}, owner=Owner(kind="kanban", id=claim.run.run_id))
+        SpawnRequest(argv=["w"], cwd="/", env={}, owner=Owner(kind="kanban", id=run.run_id))
     )
     report = rig.tick()
     assert report.reconciled == () and report.dispatched == ()
-    assert rig.store.get_run(claim.run.run_id).session_id == session.id
+    assert rig.store.get_run(run.run_id).session_id == session.id
     assert len(rig.registry.running()) == 1
     rig.registry.finish(session.id, exit_code=0)
     rig.tick()
@@ -689,31 +690,19 @@ def test_a_degraded_worker_that_fails_on_its_own_still_counts(tmp_path: Path) ->
 def test_a_draft_session_of_a_dead_claimer_is_reclaimed_not_counted(rig: Rig) -> None:
     """The claimer died mid-launch: the registry holds only a draft (no keeper yet). The run
     is reclaimed (not counted) and the card starts again, never recorded with the draft."""
-    import dataclasses
-
-    card_id = rig.add()
-    pid, start = dead_claimer()
-    claim = rig.store.claim(
-        card_id,
-        now=rig.clock.time(),
-        claimer=Claimer(pid=pid, start=start),
-        limits=Limits(max_in_progress=9),
-    )
-    assert claim.run is not None
+    card_id, run = claimed_by_the_dead(rig)
     draft = rig.registry.spawn(
-        SpawnRequest(argv=["w"], cwd="/", env={}, owner=Owner(kind="kanban", id=claim.run.run_id))
+        SpawnRequest(argv=["w"], cwd="/", env={}, owner=Owner(kind="kanban", id=run.run_id))
     )
     rig.registry.sessions[draft.id] = dataclasses.replace(draft, keeper_pid=None)
     rig.tick()
-    first = rig.store.get_run(claim.run.run_id)
+    first = rig.store.get_run(run.run_id)
     assert first.outcome is RunOutcome.RECLAIMED and first.session_id is None
     assert rig.store.get_card(card_id).consecutive_failures == 0
     assert rig.outcomes(card_id) == ["reclaimed", None]  # started again
 
 
 def test_running_out_of_file_descriptors_is_infrastructure(rig: Rig) -> None:
-    import errno
-
     card_id = rig.add()
     rig.registry.spawn_errors.append(OSError(errno.EMFILE, "Too many open files"))
     report = rig.tick()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dispatcher.errors import GatewayError
+from scope.procstat import start_time
 
 LOCK_NAME = "serve.lock"
 
@@ -26,15 +27,6 @@ class Holder:
     pid: int
     start_ticks: int | None
     started_at: float
-
-
-def _start_ticks(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-        return int(data[data.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class ServeLock:
@@ -58,7 +50,7 @@ class ServeLock:
                 remedy="stop it first, or pass a different --state-dir",
                 pid=pid,
             ) from None
-        me = Holder(pid=os.getpid(), start_ticks=_start_ticks(os.getpid()), started_at=time.time())
+        me = Holder(pid=os.getpid(), start_ticks=start_time(os.getpid()), started_at=time.time())
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me.__dict__).encode(), 0)
         self._fd = fd

@@ -10,20 +10,7 @@ from __future__ import annotations
 import os
 
 from dispatcher.kanban.model import Claimer
-
-
-def start_time(pid: int) -> int | None:
-    """Kernel start time of ``pid`` (field 22 of ``/proc/PID/stat``), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    try:
-        # The command name is parenthesised and may contain spaces or ')': split after the last.
-        return int(data[data.rindex(b")") + 2 :].split()[19])
-    except (ValueError, IndexError):
-        return None
+from scope.procstat import start_time
 
 
 def current_claimer() -> Claimer:
@@ -39,16 +26,8 @@ def claimer_alive(pid: int | None, start: int | None) -> bool:
     alive (never reclaim on a guess); a missing pid counts as gone."""
     if pid is None:
         return False
+    # start_time() counts a zombie as gone: it will never record a spawn.
     now = start_time(pid)
     if now is None:
-        return False
-    # A zombie still has its /proc entry but will never record a spawn.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-        state = data[data.rindex(b")") + 2 :].split()[0]
-    except (OSError, ValueError, IndexError):
-        state = b"?"
-    if state in (b"Z", b"X"):
         return False
     return start is None or now == start
