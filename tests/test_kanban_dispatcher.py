@@ -467,7 +467,7 @@ def dead_claimer() -> tuple[int, int]:
 
 
 def test_a_run_whose_claimer_died_before_spawning_is_reclaimed(rig: Rig) -> None:
-    card_id, run = claimed_by_the_dead(rig)
+    card_id, _ = claimed_by_the_dead(rig)
     report = rig.tick()
     assert [c.outcome for c in report.reconciled] == [RunOutcome.RECLAIMED]
     assert [d.card_id for d in report.dispatched] == [card_id]
