@@ -13,7 +13,8 @@ from typing import Any
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.gateway.units import units_report
-from scope import open_scoper, policy_from
+from dispatcher.runtime import policy_of
+from scope import open_scoper
 from scope.doctor import diagnose, healthy
 from scope.systemd import SystemdScoper
 
@@ -37,10 +38,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 def handle(args: argparse.Namespace, ctx: Context) -> int:
     """Probe afresh and report; see the module docstring for the exit status."""
     settings = ctx.settings
-    policy = policy_from(
-        settings.cron.require_restart_safe_scope, settings.kanban.degrade_without_scope
-    )
-    scoper = open_scoper(settings.scope, policy, environ=ctx.environ)
+    scoper = open_scoper(settings.scope, policy_of(settings), environ=ctx.environ)
     ctx.on_close(scoper)
     assert isinstance(scoper, SystemdScoper)
     report = diagnose(scoper)
