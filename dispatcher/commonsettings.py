@@ -4,15 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scope.schema import (
-    Argv,
-    Bool,
-    Invalid,
-    MapOf,
-    Optional,
-    Str,
-    setting,
-)
+from scope.foundation.schema import Argv, Bool, Invalid, MapOf, Optional, Str, setting
 
 JOB_ID_PATTERN = r"[a-z0-9][a-z0-9_-]*"
 ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"

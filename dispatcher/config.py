@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.settings import SCHEMA, Settings
-from scope.errors import ConfigError
-from scope.schema import dump_record, load_yaml, validate
+from scope.foundation.errors import ConfigError
+from scope.foundation.schema import dump_record, load_yaml, validate
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scope.errors import DispatchError
+from scope.foundation.errors import DispatchError
 
 
 class DispatcherError(DispatchError):

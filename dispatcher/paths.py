@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from registry.state import ensure_private_dir
-from scope.errors import UsageError
+from scope.foundation.errors import UsageError
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:

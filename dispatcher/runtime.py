@@ -34,7 +34,7 @@ from scope.abc import (
     Scoper,
     StopResult,
 )
-from scope.clock import Clock
+from scope.foundation.clock import Clock
 
 if TYPE_CHECKING:
     from dispatcher.cli.context import Context

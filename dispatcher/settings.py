@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.kanban.settings import Assignee, KanbanSettings
 from registry.settings import RegistrySettings
-from scope.schema import Duration, Record, setting
+from scope.foundation.schema import Duration, Record, setting
 from scope.settings import ScopeSettings
 
 __all__ = [

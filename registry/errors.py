@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from scope.errors import DispatchError, UsageError
+from scope.foundation.errors import DispatchError, UsageError
 
 
 class RegistryError(DispatchError):

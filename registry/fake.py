@@ -45,7 +45,7 @@ from registry.hooks import OutputHooks
 from registry.redact import Redactor
 from registry.watch import parse_patterns
 from scope.abc import Placement, Scoper
-from scope.errors import NotFoundError, UsageError
+from scope.foundation.errors import NotFoundError, UsageError
 
 DEFAULT_OUTPUT_CHARS = 2000
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from registry.procinfo import Identity, alive, descendants, group, marked, send, table
 from scope.abc import Scoper
-from scope.procstat import read_stat
+from scope.foundation.procstat import read_stat
 
 __all__ = ["KillOutcome", "session_processes", "stop_session"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from registry.abc import SpawnRequest
 from registry.state import ensure_private_dir
-from scope.errors import UsageError
+from scope.foundation.errors import UsageError
 
 __all__ = ["KEEPER_SCRIPT", "await_ready", "keeper_command", "worker_argv"]
 

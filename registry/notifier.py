@@ -36,8 +36,8 @@ from registry.procinfo import Identity, alive
 from registry.settings import RegistrySettings
 from registry.store import SessionStore, StoredSession
 from registry.watch import Breaker, LineBuffer, Matcher, Verdict, WatchGate, decode_line
-from scope.clock import Clock
-from scope.procstat import read_stat
+from scope.foundation.clock import Clock
+from scope.foundation.procstat import read_stat
 
 __all__ = ["Notifier", "emitter_alive"]
 

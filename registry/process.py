@@ -70,9 +70,9 @@ from registry.state import StateDB, ensure_private_dir
 from registry.store import KillIntent, SessionStore, StoredSession
 from registry.watch import parse_patterns
 from scope.abc import GATE_ENV, Launched, LaunchSpec, Placement, Scoper
-from scope.clock import Clock, SystemClock
-from scope.errors import NotFoundError, UsageError
-from scope.procstat import read_stat
+from scope.foundation.clock import Clock, SystemClock
+from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.procstat import read_stat
 
 __all__ = ["KEEPER_SCRIPT", "ProcessRegistry", "keeper_command", "new_session_id"]
 

@@ -18,7 +18,7 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scope.procstat import ProcStat, read_stat
+from scope.foundation.procstat import ProcStat, read_stat
 
 __all__ = [
     "MARKER_ENV",

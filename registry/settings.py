@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from scope.schema import Bool, Duration, Int, Invalid, Kind, ListOf, Size, setting
+from scope.foundation.schema import Bool, Duration, Int, Invalid, Kind, ListOf, Size, setting
 
 
 class Regex(Kind):

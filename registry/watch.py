@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.abc import WatchPattern
-from scope.errors import UsageError
+from scope.foundation.errors import UsageError
 
 __all__ = [
     "MAX_LINE_BYTES",

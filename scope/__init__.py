@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from scope.abc import Policy, Scoper
 
 if TYPE_CHECKING:
-    from scope.clock import Clock
+    from scope.foundation.clock import Clock
     from scope.settings import ScopeSettings
 
 __all__ = ["open_scoper", "policy_from"]

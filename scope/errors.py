@@ -1,118 +1,13 @@
-"""The project's one error root and the branches every package shares.
+"""Errors of the placement layer: placing or stopping a systemd scope.
 
-scope/ is the lowest package, so the root lives here; registry/ and dispatcher/ add their own
-branches by subclassing. The whole tree::
-
-    DispatchError                      exit 1 unless a subclass says otherwise
-    ├── UsageError                     exit 2: a bad argument or an unknown/ambiguous id
-    │   └── NotFoundError              exit 2: an id, file or name that does not exist
-    ├── ConfigError                    exit 2: config file invalid (carries file and line)
-    ├── ScopeError                     scope/: placing or stopping a systemd scope failed
-    │   ├── ScopeUnavailable           placement refused by policy (no restart-safe scope)
-    │   ├── ManagerLost                a scoped spawn failed because the manager vanished
-    │   └── BusError                   the runtime dir or bus is unsafe or unusable
-    ├── RegistryError                  registry/errors.py: spawn, kill, session, state store
-    │   └── StateError                 the state database is unusable or from a newer version
-    └── DispatcherError                dispatcher/errors.py: cron, kanban, gateway
-
-Every error keeps its facts in structured fields and builds its message from them, so callers
-(the CLI, the JSON output, the event log) can use the fields without parsing text. Where a user can
-act, the message names the fix in ``remedy``.
+The root and the whole tree are in :mod:`scope.foundation.errors`.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-
-class DispatchError(Exception):
-    """Root of every error this project raises on purpose.
-
-    Subclasses set ``exit_code`` (the CLI's exit status for this class) and may override
-    :meth:`describe` to build the message from their fields. ``remedy`` is a sentence telling the
-    user what to do, appended to the message when present.
-    """
-
-    exit_code: ClassVar[int] = 1
-
-    def __init__(self, message: str = "", *, remedy: str | None = None, **fields: Any) -> None:
-        self.fields: dict[str, Any] = dict(fields)
-        self.remedy = remedy
-        self._message = message
-        super().__init__(self.message)
-
-    def describe(self) -> str:
-        """The problem, without the remedy. Subclasses build it from ``self.fields``."""
-        return self._message
-
-    @property
-    def message(self) -> str:
-        """One line: the problem, then the fix when there is one."""
-        text = self.describe()
-        if self.remedy:
-            text = f"{text}; {self.remedy}" if text else self.remedy
-        return " ".join(text.split("\n"))
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __getattr__(self, name: str) -> Any:
-        # Structured fields read like attributes (err.unit, err.path) without each subclass
-        # declaring them; only called when normal lookup fails.
-        fields = self.__dict__.get("fields")
-        if fields is not None and name in fields:
-            return fields[name]
-        raise AttributeError(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly form: type, message and the structured fields."""
-        out: dict[str, Any] = {"error": type(self).__name__, "message": self.message}
-        for key, value in self.fields.items():
-            out[key] = value if isinstance(value, str | int | float | bool | None) else str(value)
-        if self.remedy:
-            out["remedy"] = self.remedy
-        return out
-
-
-class UsageError(DispatchError):
-    """A command-line argument or API argument is wrong (exit 2)."""
-
-    exit_code = 2
-
-
-class NotFoundError(UsageError):
-    """Something named by the user does not exist: an id, a file, a job (exit 2)."""
-
-    def __init__(self, kind: str, name: str, *, remedy: str | None = None, **fields: Any) -> None:
-        super().__init__(remedy=remedy, kind=kind, name=name, **fields)
-
-    def describe(self) -> str:
-        return f"no {self.fields['kind']} {self.fields['name']!r}"
-
-
-class ConfigError(DispatchError):
-    """A configuration file (or value) is invalid. Carries ``path`` and ``line`` when known."""
-
-    exit_code = 2
-
-    def __init__(
-        self,
-        problem: str,
-        *,
-        path: str | None = None,
-        line: int | None = None,
-        key: str | None = None,
-        remedy: str | None = None,
-    ) -> None:
-        super().__init__(remedy=remedy, problem=problem, path=path, line=line, key=key)
-
-    def describe(self) -> str:
-        where = self.fields.get("path") or "<config>"
-        if self.fields.get("line"):
-            where = f"{where}:{self.fields['line']}"
-        key = self.fields.get("key")
-        subject = f"{key}: " if key else ""
-        return f"{where}: {subject}{self.fields['problem']}"
+from scope.foundation.errors import DispatchError
 
 
 class ScopeError(DispatchError):

@@ -35,11 +35,11 @@ from scope.abc import (
     Scoper,
     StopResult,
 )
-from scope.clock import Clock, SystemClock
 from scope.errors import ManagerLost
+from scope.foundation.clock import Clock, SystemClock
+from scope.foundation.procstat import group_members, read_stat
 from scope.gate import Gate
 from scope.placement import decide
-from scope.procstat import group_members, read_stat
 from scope.spawn import popen
 from scope.unitname import scope_name
 from scope.warnings import WarnOnce

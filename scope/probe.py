@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 
 from scope.abc import ProbeVerdict
-from scope.clock import Clock, SystemClock
+from scope.foundation.clock import Clock, SystemClock
 
 __all__ = ["Probe"]
 

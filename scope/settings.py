@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scope.abc import BackendKind, ManagerKind, ScopeProperties
-from scope.schema import Choice, Duration, Int, Optional, Size, setting
+from scope.foundation.schema import Choice, Duration, Int, Optional, Size, setting
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,9 +34,9 @@ from scope.abc import (
 from scope.backend import UnitBackend
 from scope.bus import BusInfo, discover, socket_reachable
 from scope.cgroup import cgroup_procs
-from scope.clock import Clock, SystemClock
 from scope.errors import BusError, ManagerLost, ScopeError
 from scope.facts import caller_unit, login_name
+from scope.foundation.clock import Clock, SystemClock
 from scope.placement import decide
 from scope.probe import Probe
 from scope.settings import ScopeSettings

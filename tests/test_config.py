@@ -14,7 +14,7 @@ from dispatcher.config import (
 )
 from dispatcher.settings import CatchUpPolicy, OverlapPolicy, Settings
 from scope.abc import BackendKind
-from scope.errors import ConfigError
+from scope.foundation.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 

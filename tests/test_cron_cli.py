@@ -16,7 +16,7 @@ from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.zones import fixed_zone
 from dispatcher.database import open_state
 from registry.fake import FakeRegistry
-from scope.clock import FakeClock
+from scope.foundation.clock import FakeClock
 
 CONFIG = """\
 cron:

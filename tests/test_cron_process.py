@@ -29,8 +29,8 @@ from dispatcher.runtime import Runtime, open_runtime
 from dispatcher.settings import Settings
 from registry.abc import SessionState
 from scope.abc import CallerKind, Placement
-from scope.clock import FakeClock
-from scope.procstat import start_time
+from scope.foundation.clock import FakeClock
+from scope.foundation.procstat import start_time
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

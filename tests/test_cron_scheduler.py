@@ -24,8 +24,9 @@ from registry.abc import SessionState
 from registry.fake import FakeRegistry
 from registry.state import StateDB
 from scope.abc import CallerKind, Placement
-from scope.clock import FakeClock
-from scope.errors import ManagerLost, NotFoundError, ScopeUnavailable
+from scope.errors import ManagerLost, ScopeUnavailable
+from scope.foundation.clock import FakeClock
+from scope.foundation.errors import NotFoundError
 
 T0 = dt.datetime(2026, 1, 5, 9, 59, 30, tzinfo=dt.UTC).timestamp()  # a Monday
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from registry.abc import Event, EventType
 from registry.hooks import OutputHooks
 from registry.process import ProcessRegistry
-from scope.clock import FakeClock
+from scope.foundation.clock import FakeClock
 from tests.support.wait import wait_for
 from tests.test_registry_support import open_registry
 

@@ -14,7 +14,7 @@ from registry.watch import (
     WatchGate,
     parse_patterns,
 )
-from scope.errors import UsageError
+from scope.foundation.errors import UsageError
 
 
 def test_lines_split_across_reads_come_out_whole() -> None:

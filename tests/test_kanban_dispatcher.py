@@ -36,9 +36,9 @@ from dispatcher.kanban.worker import BODY_ENV_LIMIT
 from registry.abc import Owner, SessionState, SpawnRequest
 from registry.fake import FakeRegistry
 from scope.abc import CallerKind, Placement, Policy
-from scope.clock import FakeClock
 from scope.errors import ManagerLost
 from scope.fake import FakeScoper
+from scope.foundation.clock import FakeClock
 
 
 @dataclass

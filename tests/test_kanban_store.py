@@ -27,7 +27,7 @@ from dispatcher.kanban.model import (
 from dispatcher.kanban.store import SqliteBoardStore
 from registry.errors import AmbiguousId
 from registry.state import StateDB
-from scope.errors import NotFoundError
+from scope.foundation.errors import NotFoundError
 
 NOW = 1_800_000_000.0
 ME = Claimer(pid=1, start=1)

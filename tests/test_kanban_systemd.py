@@ -18,7 +18,7 @@ from dispatcher.kanban.model import CardStatus, RunOutcome
 from dispatcher.kanban.workspace import Workspace
 from dispatcher.runtime import open_runtime
 from scope.abc import CallerKind
-from scope.clock import FakeClock
+from scope.foundation.clock import FakeClock
 from tests.support.systemd import SystemdManager
 
 pytestmark = pytest.mark.systemd

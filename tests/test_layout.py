@@ -10,7 +10,7 @@ import pytest
 
 from dispatcher import configdoc
 from dispatcher.settings import SCHEMA
-from scope.schema import documented_keys
+from scope.foundation.schema import documented_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("scope", "registry", "dispatcher")
@@ -77,3 +77,16 @@ def test_the_three_packages_and_top_level_layout_exist() -> None:
         assert (ROOT / name).exists(), name
     for package in PACKAGES:
         assert (ROOT / package / "__init__.py").exists()
+
+
+def test_foundation_imports_nothing_of_placement() -> None:
+    """scope/foundation/ is what every package stands on; it must not lean on placement code."""
+    offenders = []
+    for path in sorted((ROOT / "scope" / "foundation").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                mod = node.module
+                if mod.split(".")[0] in PACKAGES and not mod.startswith("scope.foundation"):
+                    offenders.append(f"{path.relative_to(ROOT)} imports {mod}")
+    assert not offenders, offenders

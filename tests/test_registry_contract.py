@@ -11,7 +11,7 @@ import pytest
 from registry.abc import Registry, Session, SessionState, SpawnRequest, WaitOutcome
 from registry.errors import AmbiguousId
 from registry.fake import FakeRegistry
-from scope.errors import NotFoundError, UsageError
+from scope.foundation.errors import NotFoundError, UsageError
 from tests.test_registry_support import SLEEPER, open_registry
 from tests.test_registry_support import request as make_request
 

@@ -15,8 +15,8 @@ from registry.abc import Owner, Session, SessionState, WaitOutcome
 from registry.errors import AmbiguousId, RegistryError
 from registry.process import ProcessRegistry
 from registry.procinfo import Identity, alive
-from scope.errors import NotFoundError, UsageError
 from scope.fake import FakeScoper
+from scope.foundation.errors import NotFoundError, UsageError
 from tests.support.leaks import LeakGuard
 from tests.support.wait import wait_for
 from tests.test_registry_support import (

@@ -22,8 +22,8 @@ from registry.settings import RegistrySettings
 from registry.state import StateDB
 from registry.store import COMPONENT
 from scope.abc import CallerKind, Scoper
-from scope.clock import Clock
 from scope.fake import FakeScoper
+from scope.foundation.clock import Clock
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scope.errors import ConfigError
-from scope.schema import (
+from scope.foundation.errors import ConfigError
+from scope.foundation.schema import (
     Invalid,
     format_duration,
     format_size,

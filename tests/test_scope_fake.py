@@ -12,7 +12,7 @@ import pytest
 from scope.abc import CallerKind, LaunchSpec, Placement, Policy, Scoper
 from scope.errors import ManagerLost, ScopeUnavailable
 from scope.fake import FakeScoper
-from scope.procstat import read_stat
+from scope.foundation.procstat import read_stat
 from scope.unitname import is_ours
 from tests.support.wait import wait_for
 

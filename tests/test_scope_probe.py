@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from scope.abc import ProbeVerdict
-from scope.clock import FakeClock
+from scope.foundation.clock import FakeClock
 from scope.probe import Probe
 
 

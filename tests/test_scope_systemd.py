@@ -18,9 +18,9 @@ import pytest
 from scope import open_scoper, policy_from
 from scope.abc import BackendKind, CallerKind, LaunchSpec, Placement
 from scope.cgroup import cgroup_procs
-from scope.clock import FakeClock
 from scope.errors import ManagerLost, ScopeUnavailable
-from scope.procstat import start_time
+from scope.foundation.clock import FakeClock
+from scope.foundation.procstat import start_time
 from scope.settings import ScopeSettings
 from scope.systemd import SystemdScoper
 from tests.support.systemd import SystemdManager

@@ -10,7 +10,7 @@ import yaml
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.config import load_config
-from scope.errors import ConfigError
+from scope.foundation.errors import ConfigError
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:

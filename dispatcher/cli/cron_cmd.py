@@ -29,9 +29,9 @@ from dispatcher.database import open_state
 from dispatcher.envfile import read_env_file
 from dispatcher.errors import EnvFileError
 from scope.abc import CallerKind
-from scope.clock import SystemClock
-from scope.errors import NotFoundError, UsageError
-from scope.schema import format_duration
+from scope.foundation.clock import SystemClock
+from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.schema import format_duration
 
 MAX_COUNT = 1000
 

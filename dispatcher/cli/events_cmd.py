@@ -23,7 +23,7 @@ from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.cli.timefmt import iso, short
 from dispatcher.runtime import runtime_from_context
 from registry.abc import Event, Registry
-from scope.errors import NotFoundError, UsageError
+from scope.foundation.errors import NotFoundError, UsageError
 
 DESCRIPTION = (
     "List the unacknowledged registry events (completions, heartbeats, watch matches, "

@@ -27,7 +27,7 @@ from dispatcher.kanban.views import (
 )
 from dispatcher.kanban.workspace import Workspace
 from scope.abc import CallerKind
-from scope.errors import UsageError
+from scope.foundation.errors import UsageError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 

@@ -19,7 +19,7 @@ from dispatcher.runtime import Runtime, runtime_from_context
 from registry.abc import Registry, Session
 from registry.hooks import OutputHooks
 from registry.output import LogReader
-from scope.errors import UsageError
+from scope.foundation.errors import UsageError
 
 DESCRIPTION = (
     "Print a session's output log: the raw bytes exactly as the worker wrote them. -f keeps "

@@ -2,8 +2,8 @@
 
 Each subcommand group lives in its own module exposing ``register(subparsers, common)``; the
 handler a module installs with ``set_defaults(handler=...)`` receives ``(args, ctx)`` and returns
-the exit status. Errors derived from :class:`~scope.errors.DispatchError` become one line on
-stderr and their class's exit code; anything else is a bug and shows a traceback.
+the exit status. Errors derived from :class:`~scope.foundation.errors.DispatchError` become one
+line on stderr and their class's exit code; anything else is a bug and shows a traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dispatcher import __version__
 from dispatcher.cli.context import Context
 from dispatcher.cli.groups import GROUPS, chosen_group
 from dispatcher.cli.parser import Parser, global_options
-from scope.errors import DispatchError
+from scope.foundation.errors import DispatchError
 
 EXIT_OK = 0
 EXIT_FAILED = 1

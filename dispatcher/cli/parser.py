@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING, NoReturn
 
 from dispatcher.cli.groups import GROUPS
-from scope.errors import UsageError
+from scope.foundation.errors import UsageError
 
 
 class Parser(argparse.ArgumentParser):

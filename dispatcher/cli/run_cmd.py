@@ -32,7 +32,7 @@ from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, rep
 from dispatcher.runtime import runtime_from_context
 from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, WatchPattern
 from scope.abc import CallerKind
-from scope.errors import UsageError
+from scope.foundation.errors import UsageError
 
 DESCRIPTION = (
     "Start CMD ARGS (after --) as a registry session and print its id as the only stdout line. "

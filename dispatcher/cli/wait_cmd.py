@@ -15,8 +15,8 @@ from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.cli.ps_cmd import describe_end, session_json
 from dispatcher.runtime import runtime_from_context
 from registry.abc import Session, SessionState, WaitOutcome
-from scope.errors import UsageError
-from scope.schema import Invalid, parse_duration
+from scope.foundation.errors import UsageError
+from scope.foundation.schema import Invalid, parse_duration
 
 EXIT_TIMEOUT = 124
 EXIT_FAILED_START = 127

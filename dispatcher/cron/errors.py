@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from dispatcher.errors import DispatcherError
-from scope.errors import UsageError
+from scope.foundation.errors import UsageError
 
 
 class CronExpressionError(UsageError):

@@ -29,8 +29,9 @@ from dispatcher.envfile import read_env_file
 from dispatcher.errors import EnvFileError
 from registry.abc import Owner, Registry, Session, SessionState, SpawnRequest
 from scope.abc import CallerKind
-from scope.errors import DispatchError, ManagerLost, NotFoundError, ScopeUnavailable
-from scope.procstat import start_time
+from scope.errors import ManagerLost, ScopeUnavailable
+from scope.foundation.errors import DispatchError, NotFoundError
+from scope.foundation.procstat import start_time
 
 log = logging.getLogger("dispatch.cron")
 

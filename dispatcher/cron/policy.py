@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from dispatcher.cron.settings import CatchUpPolicy, OverlapPolicy
 from dispatcher.cron.timeline import Occurrence, format_wall
-from scope.schema import format_duration
+from scope.foundation.schema import format_duration
 
 
 class Verdict(enum.StrEnum):

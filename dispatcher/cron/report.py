@@ -12,7 +12,7 @@ from typing import Any
 from dispatcher.cron.ledger import FireRecord, JobState
 from dispatcher.cron.plan import JobPlan, job_active
 from dispatcher.cron.zones import load_zone
-from scope.schema import format_duration
+from scope.foundation.schema import format_duration
 
 
 def iso_in(at: float | None, zone: str) -> str | None:

@@ -43,8 +43,8 @@ from dispatcher.cron.timeline import fire_key, format_wall, local_wall
 from dispatcher.cron.zones import ZoneResolver, resolver_for
 from registry.abc import Registry, Session
 from registry.state import StateDB
-from scope.clock import Clock, SystemClock
-from scope.errors import DispatchError, NotFoundError
+from scope.foundation.clock import Clock, SystemClock
+from scope.foundation.errors import DispatchError, NotFoundError
 
 __all__ = ["CronScheduler", "JobPlan", "PlannedFire", "TickReport", "job_active", "plan_job"]
 

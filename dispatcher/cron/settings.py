@@ -17,7 +17,7 @@ from dispatcher.commonsettings import (
 )
 from dispatcher.cron.crontab import parse as parse_crontab
 from dispatcher.cron.errors import CronExpressionError
-from scope.schema import (
+from scope.foundation.schema import (
     Argv,
     Bool,
     Choice,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dispatcher.errors import GatewayError
-from scope.procstat import start_time
+from scope.foundation.procstat import start_time
 
 LOCK_NAME = "serve.lock"
 

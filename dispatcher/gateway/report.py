@@ -21,7 +21,8 @@ from dispatcher.gateway.statusfile import read_status
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.runtime import Runtime
 from scope.abc import CallerKind
-from scope.errors import DispatchError, ScopeUnavailable
+from scope.errors import ScopeUnavailable
+from scope.foundation.errors import DispatchError
 
 FAILED_OUTCOMES = ("failed", "timed_out", "lost", "failed_start", "spawn_refused", "config_error")
 

@@ -44,8 +44,9 @@ from dispatcher.runtime import Runtime, open_runtime
 from dispatcher.settings import Settings
 from registry.abc import Session
 from scope.abc import CallerKind, Placement
-from scope.clock import Clock, SystemClock
-from scope.errors import DispatchError, ScopeUnavailable
+from scope.errors import ScopeUnavailable
+from scope.foundation.clock import Clock, SystemClock
+from scope.foundation.errors import DispatchError
 
 log = logging.getLogger("dispatch.gateway")
 

@@ -32,7 +32,7 @@ from dispatcher.kanban.settings import KanbanSettings
 from dispatcher.kanban.taxonomy import result_from_session
 from dispatcher.kanban.worker import remove_body
 from registry.abc import Registry, SessionState
-from scope.errors import NotFoundError
+from scope.foundation.errors import NotFoundError
 
 MAX_TITLE = 500
 _RUN_ID = re.compile(r"r_[0-9a-f]{4,}")

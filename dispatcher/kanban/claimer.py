@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from dispatcher.kanban.model import Claimer
-from scope.procstat import start_time
+from scope.foundation.procstat import start_time
 
 
 def current_claimer() -> Claimer:

@@ -47,7 +47,8 @@ from dispatcher.kanban.worker import (
 from registry.abc import Owner, Registry, Session, SessionState
 from registry.errors import SpawnRefused
 from scope.abc import CallerKind, Placement, Scoper
-from scope.errors import DispatchError, ManagerLost, NotFoundError, ScopeUnavailable
+from scope.errors import ManagerLost, ScopeUnavailable
+from scope.foundation.errors import DispatchError, NotFoundError
 
 log = logging.getLogger("dispatch.kanban")
 

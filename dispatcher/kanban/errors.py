@@ -9,7 +9,7 @@
         ├── WrongStatus             the card's status does not allow the action (exit 2)
         └── BadCard                 an invalid card field or id (exit 2)
 
-Unknown ids raise :class:`scope.errors.NotFoundError`, ambiguous prefixes
+Unknown ids raise :class:`scope.foundation.errors.NotFoundError`, ambiguous prefixes
 :class:`registry.errors.AmbiguousId` (both exit 2).
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dispatcher.kanban.store import CARD_PREFIX, RUN_PREFIX, SqliteBoardStore
 from registry.state import StateDB
-from scope.errors import NotFoundError
+from scope.foundation.errors import NotFoundError
 
 
 def resolve_session_id(db: StateDB, text: str) -> str | None:

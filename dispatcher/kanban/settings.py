@@ -14,15 +14,7 @@ from dispatcher.commonsettings import (
     pty_setting,
     shell_setting,
 )
-from scope.schema import (
-    Bool,
-    Duration,
-    Int,
-    MapOf,
-    Optional,
-    Record,
-    setting,
-)
+from scope.foundation.schema import Bool, Duration, Int, MapOf, Optional, Record, setting
 
 
 @dataclass(frozen=True, kw_only=True)

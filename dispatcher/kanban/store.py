@@ -43,7 +43,7 @@ from dispatcher.kanban.rows import (
 )
 from registry.errors import AmbiguousId
 from registry.state import StateDB
-from scope.errors import NotFoundError
+from scope.foundation.errors import NotFoundError
 
 # A parent counts as done when it is done, or was done before it was archived.
 _UNDONE_PARENTS_SQL = (

@@ -22,7 +22,7 @@ from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.settings import Settings
 from registry.abc import Registry
 from scope.abc import CallerKind
-from scope.clock import Clock, SystemClock
+from scope.foundation.clock import Clock, SystemClock
 
 
 class Workspace:

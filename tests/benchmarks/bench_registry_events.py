@@ -25,8 +25,8 @@ from registry.settings import RegistrySettings
 from registry.state import StateDB
 from registry.store import COMPONENT
 from scope.abc import CallerKind
-from scope.clock import FakeClock
 from scope.fake import FakeScoper
+from scope.foundation.clock import FakeClock
 from tests.benchmarks.common import Row, median, timer
 
 NAME = "registry_events"

@@ -6,7 +6,7 @@ composes the sections into one top-level record and validates a YAML file agains
 schema drives validation, defaults, ``dispatch config show`` and the documentation check.
 
 This module is pure: no I/O besides parsing text handed to it, no global state. It lives in
-scope/ only because scope/ is the lowest package and all three need it.
+scope/foundation/ because all three packages need it and scope/ is the lowest.
 """
 
 from __future__ import annotations
@@ -22,18 +22,9 @@ from typing import Any
 import yaml
 from yaml.constructor import SafeConstructor
 
-from scope.errors import ConfigError
+from scope.foundation.errors import ConfigError, Invalid
 
 Path_ = tuple[str | int, ...]
-
-
-class Invalid(Exception):
-    """A value does not fit its kind. ``path`` is relative to where it was raised."""
-
-    def __init__(self, problem: str, path: Path_ = ()) -> None:
-        super().__init__(problem)
-        self.problem = problem
-        self.path = path
 
 
 # --- durations and sizes ---------------------------------------------------------------------
