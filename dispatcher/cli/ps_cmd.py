@@ -7,8 +7,8 @@ from typing import Any
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.cli.timefmt import iso, short
 from dispatcher.runtime import runtime_from_context
+from dispatcher.timefmt import iso, short
 from registry.abc import Session
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.cli.timefmt import iso
+from dispatcher.timefmt import iso
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dispatcher.cli.timefmt import iso, short
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
 from dispatcher.kanban.report import TickReport
+from dispatcher.timefmt import iso, short
 
 BOARD_ORDER = (
     CardStatus.TODO,
