@@ -198,15 +198,9 @@ class EventStore:
         self._trim(conn)
         return replace(event, position=int(cursor.lastrowid or 0))
 
-    def amend(self, conn: sqlite3.Connection, event_id: str, **fields: Any) -> None:
-        """Correct columns of a stored event (a kill learning the real signal late)."""
-        if not fields:
-            return
-        assignments = ", ".join(f"{name} = ?" for name in fields)
-        conn.execute(
-            f"UPDATE registry_events SET {assignments} WHERE id = ?",  # noqa: S608 - our names
-            (*fields.values(), event_id),
-        )
+    def amend_signal(self, conn: sqlite3.Connection, event_id: str, signal: str) -> None:
+        """Correct the signal of a stored event (a kill learning the real signal late)."""
+        conn.execute("UPDATE registry_events SET signal = ? WHERE id = ?", (signal, event_id))
 
     def _trim(self, conn: sqlite3.Connection) -> None:
         total = conn.execute("SELECT COUNT(*) FROM registry_events").fetchone()[0]

@@ -34,7 +34,7 @@ from registry.heartbeat import Slot, clamp_interval, read_delta
 from registry.hooks import OutputHooks
 from registry.procinfo import Identity, alive
 from registry.settings import RegistrySettings
-from registry.store import SessionStore, StoredSession
+from registry.store import HeartbeatMark, SessionStore, StoredSession, WatchMark
 from registry.watch import Breaker, LineBuffer, Matcher, Verdict, WatchGate, decode_line
 from scope.foundation.clock import Clock
 from scope.foundation.procstat import read_stat
@@ -344,8 +344,7 @@ class Notifier:
             draft,
             now=wall,
             emitter=self.emitter,
-            expect={"hb_offset": slot.offset},
-            set_fields={"hb_offset": delta.end, "hb_at": wall},
+            mark=HeartbeatMark(since=slot.offset, offset=delta.end, at=wall),
         )
         if event is None:
             self._lost(slot.session_id)
@@ -387,7 +386,7 @@ class Notifier:
                 draft,
                 now=self.clock.time(),
                 emitter=self.emitter,
-                set_fields={"notify": 1, "watch_state": state_json},
+                mark=WatchMark(state=state_json, stopped=True),
             )
             _log.info("watching session %s stopped: %s", watch.session_id, gate.disabled)
             with self._lock:
@@ -428,7 +427,7 @@ class Notifier:
             draft,
             now=self.clock.time(),
             emitter=self.emitter,
-            set_fields={"watch_state": json.dumps(gate.to_json(offset))},
+            mark=WatchMark(state=json.dumps(gate.to_json(offset))),
         )
         if event is None:
             self._lost(watch.session_id)
@@ -490,10 +489,10 @@ class Notifier:
             # Persist where watching got to, and let another registry take over at once.
             with contextlib.suppress(Exception):
                 for watch in watches:
-                    self.store.publish_state(
+                    self.store.save_watch_state(
                         watch.session_id,
                         emitter=self.emitter,
-                        watch_state=json.dumps(watch.gate.to_json(watch.buffer.offset)),
+                        state=json.dumps(watch.gate.to_json(watch.buffer.offset)),
                     )
                 self.store.release_emitter(self.emitter)
         with _LIVE_LOCK:

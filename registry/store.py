@@ -23,11 +23,34 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from registry.abc import Event, Owner, Session, SessionState, WatchPattern
+from registry.changes import (
+    Counted,
+    FinalFields,
+    HandoffResult,
+    HeartbeatMark,
+    Placed,
+    SessionChange,
+    Started,
+    WatchMark,
+)
 from registry.events import V2_SCHEMA, EventDraft, EventStore
 from registry.state import Component, Migration, StateDB
 from scope.abc import CallerKind, Placement
 
-__all__ = ["COMPONENT", "KillIntent", "SessionStore", "StoredSession"]
+__all__ = [
+    "COMPONENT",
+    "Counted",
+    "FinalFields",
+    "HandoffResult",
+    "HeartbeatMark",
+    "KillIntent",
+    "Placed",
+    "SessionChange",
+    "SessionStore",
+    "Started",
+    "StoredSession",
+    "WatchMark",
+]
 
 _V1 = """
 CREATE TABLE registry_sessions (
@@ -250,10 +273,11 @@ class SessionStore:
                 ),
             )
 
-    def update(self, session_id: str, **fields: Any) -> None:
-        """Set columns of a row (no state change; use :meth:`finalize` for that)."""
-        if not fields:
-            return
+    def update(self, session_id: str, change: SessionChange) -> None:
+        """Apply a change to a row (no state change; use :meth:`finalize` for that)."""
+        self._set(session_id, change.columns())
+
+    def _set(self, session_id: str, fields: Mapping[str, Any]) -> None:
         assignments = ", ".join(f"{name} = ?" for name in fields)
         with self.db.write() as conn:
             conn.execute(
@@ -264,7 +288,7 @@ class SessionStore:
     def finalize(
         self,
         session_id: str,
-        compute: Callable[[StoredSession], Mapping[str, Any]],
+        compute: Callable[[StoredSession], FinalFields],
         *,
         completion: EventDraft | None = None,
         now: float = 0.0,
@@ -286,7 +310,8 @@ class SessionStore:
             if row is None or row["state"] != SessionState.RUNNING.value:
                 return False, None
             stored = _row_to_stored(row)
-            fields = dict(compute(stored))
+            final = compute(stored)
+            fields = final.columns()
             assignments = ", ".join(f"{name} = ?" for name in fields)
             cursor = conn.execute(
                 f"UPDATE registry_sessions SET {assignments}"  # noqa: S608 - names are ours
@@ -303,38 +328,30 @@ class SessionStore:
                 data["handoff_from"] = str(session.handoff_from)
             if session.watch:
                 data["watch"] = dict(stored.watch_state)
-            state = fields.get("state", completion.state)
             draft = replace(
                 completion,
-                state=SessionState(state) if state is not None else None,
-                exit_code=fields.get("exit_code", completion.exit_code),
-                signal=fields.get("signal", completion.signal),
-                completion_reason=fields.get("completion_reason", completion.completion_reason),
+                state=final.state,
+                exit_code=final.exit_code,
+                signal=final.signal,
+                completion_reason=final.completion_reason,
                 note=session.handoff_note,
                 data=data,
             )
             return True, self.events.insert(conn, session_id, draft, created_at=now)
 
-    def amend_final(self, session_id: str, **fields: Any) -> None:
-        """Correct a final row and its completion event together (a kill that learned the
-        real signal after another instance finalized)."""
+    def amend_signal(self, session_id: str, signal: str) -> None:
+        """Correct the signal of a final row and its completion event together (a kill that
+        learned the real signal after another instance finalized)."""
         with self.db.write() as conn:
-            assignments = ", ".join(f"{name} = ?" for name in fields)
             conn.execute(
-                f"UPDATE registry_sessions SET {assignments} WHERE id = ?",  # noqa: S608
-                (*(_column_value(v) for v in fields.values()), session_id),
+                "UPDATE registry_sessions SET signal = ? WHERE id = ?", (signal, session_id)
             )
             row = conn.execute(
                 "SELECT id FROM registry_events WHERE session_id = ? AND type = 'completion'",
                 (session_id,),
             ).fetchone()
             if row is not None:
-                event_fields = {
-                    k: _column_value(v)
-                    for k, v in fields.items()
-                    if k in ("signal", "exit_code", "completion_reason", "state")
-                }
-                self.events.amend(conn, row["id"], **event_fields)
+                self.events.amend_signal(conn, row["id"], signal)
 
     def publish(
         self,
@@ -344,13 +361,12 @@ class SessionStore:
         now: float,
         emitter: str | None = None,
         running: bool = True,
-        set_fields: Mapping[str, Any] | None = None,
-        expect: Mapping[str, Any] | None = None,
+        mark: HeartbeatMark | WatchMark | None = None,
     ) -> Event | None:
         """Store an event for a session in one transaction, guarded by conditions on its row:
         still ``running`` (unless ``running`` is False), published by ``emitter`` (when given)
-        and columns equal to ``expect`` (a compare-and-set); ``set_fields`` are written with
-        it. None when a condition failed (nothing is written)."""
+        and, for a heartbeat, the offset it started from (a compare-and-set); ``mark`` is
+        written with it. None when a condition failed (nothing is written)."""
         conditions = ["id = ?"]
         params: list[Any] = [session_id]
         if running:
@@ -358,19 +374,21 @@ class SessionStore:
         if emitter is not None:
             conditions.append("emitter = ?")
             params.append(emitter)
-        for name, value in (expect or {}).items():
-            if value is None:
-                conditions.append(f"{name} IS NULL")
-            else:
-                conditions.append(f"{name} = ?")
-                params.append(_column_value(value))
-        updates = dict(set_fields or {})
+        updates: dict[str, Any] = {}
+        if isinstance(mark, HeartbeatMark):
+            conditions.append("hb_offset = ?")
+            params.append(mark.since)
+            updates = {"hb_offset": mark.offset, "hb_at": mark.at}
+        elif isinstance(mark, WatchMark):
+            updates = {"watch_state": mark.state}
+            if mark.stopped:
+                updates["notify"] = 1
         assignments = ", ".join(f"{name} = ?" for name in updates) or "id = id"
         with self.db.write() as conn:
             cursor = conn.execute(
                 f"UPDATE registry_sessions SET {assignments}"  # noqa: S608 - names are ours
                 f" WHERE {' AND '.join(conditions)}",
-                (*(_column_value(v) for v in updates.values()), *params),
+                (*updates.values(), *params),
             )
             if cursor.rowcount != 1:
                 return None
@@ -387,14 +405,13 @@ class SessionStore:
             )
             return cursor.rowcount == 1
 
-    def publish_state(self, session_id: str, *, emitter: str, **fields: Any) -> bool:
-        """Set columns of a session while ``emitter`` holds its claim."""
-        assignments = ", ".join(f"{name} = ?" for name in fields)
+    def save_watch_state(self, session_id: str, *, emitter: str, state: str) -> bool:
+        """Store where watching got to (JSON of the watch gate) while ``emitter`` holds the
+        session's claim."""
         with self.db.write() as conn:
             cursor = conn.execute(
-                f"UPDATE registry_sessions SET {assignments}"  # noqa: S608 - names are ours
-                " WHERE id = ? AND emitter = ?",
-                (*(_column_value(v) for v in fields.values()), session_id, emitter),
+                "UPDATE registry_sessions SET watch_state = ? WHERE id = ? AND emitter = ?",
+                (state, session_id, emitter),
             )
             return cursor.rowcount == 1
 
@@ -413,14 +430,13 @@ class SessionStore:
         now: float,
         limit: int,
         draft: EventDraft,
-    ) -> tuple[str, Event | None]:
+    ) -> tuple[HandoffResult, Event | None]:
         """Change the owner of a running session owned by ``current``, record the handoff
-        and publish ``draft`` to the new owner, all in one transaction. Returns ``"ok"``,
-        ``"limit"`` (``current`` used up its handoffs) or ``"changed"`` (the session ended
-        or has another owner now)."""
+        and publish ``draft`` to the new owner, all in one transaction (see
+        :class:`HandoffResult`; the event only with ``OK``)."""
         with self.db.write() as conn:
             if self.events.handoffs_by(conn, current) >= limit:
-                return "limit", None
+                return HandoffResult.LIMIT, None
             cursor = conn.execute(
                 "UPDATE registry_sessions SET owner_kind = ?, owner_id = ?, handoff_note = ?,"
                 " handoff_from = ? WHERE id = ? AND state = 'running' AND owner_kind = ?"
@@ -428,11 +444,11 @@ class SessionStore:
                 (to.kind, to.id, note, str(current), session_id, current.kind, current.id),
             )
             if cursor.rowcount != 1:
-                return "changed", None
+                return HandoffResult.CHANGED, None
             self.events.record_handoff(
                 conn, session_id=session_id, from_owner=current, to_owner=to, note=note, at=now
             )
-            return "ok", self.events.insert(conn, session_id, draft, created_at=now)
+            return HandoffResult.OK, self.events.insert(conn, session_id, draft, created_at=now)
 
     def handoffs_by(self, owner: Owner) -> int:
         """How many sessions ``owner`` handed to others."""

@@ -292,7 +292,7 @@ def test_watch_pattern_split_across_two_writes_matches(tmp_path: Path) -> None:
             )
         )
         wait_log(registry, session.id, b"ERR")
-        wait_for(lambda: registry._follower is not None, 1)
+        wait_for(lambda: registry.tracking.follower is not None, 1)
         registry.write_stdin(session.id, b"\n")
         hits = wait_for(lambda: of_type(registry, session.id, EventType.WATCH), 5, what="a match")
         assert [h.output for h in hits] == ["ERROR: disk full"]

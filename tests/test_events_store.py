@@ -11,7 +11,7 @@ import pytest
 from registry.abc import EventType, Owner, Session, SessionState
 from registry.events import EventDraft, EventStore
 from registry.state import Component, Migration, StateDB
-from registry.store import _V1, COMPONENT, SessionStore
+from registry.store import _V1, COMPONENT, HeartbeatMark, SessionStore
 from scope.abc import CallerKind, Placement
 
 ALICE = Owner(kind="cli", id="alice:1")
@@ -95,12 +95,12 @@ def test_guarded_publish_writes_nothing_when_the_guard_fails(tmp_path: Path) -> 
     add(store, "s_000000000001")
     draft = EventDraft(type=EventType.HEARTBEAT)
     assert store.publish("s_000000000001", draft, now=1.0, emitter="someone") is None
-    assert store.publish("s_000000000001", draft, now=1.0, expect={"hb_offset": 5}) is None
+    late = HeartbeatMark(since=5, offset=9, at=1.0)
+    assert store.publish("s_000000000001", draft, now=1.0, mark=late) is None
     assert store.publish("s_nosuchsessio", draft, now=1.0) is None
     assert store.events.list() == []
-    event = store.publish(
-        "s_000000000001", draft, now=1.0, expect={"hb_offset": 0}, set_fields={"hb_offset": 9}
-    )
+    mark = HeartbeatMark(since=0, offset=9, at=1.0)
+    event = store.publish("s_000000000001", draft, now=1.0, mark=mark)
     assert event is not None and event.seq == 1
     stored = store.get("s_000000000001")
     assert stored is not None and stored.hb_offset == 9

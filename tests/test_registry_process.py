@@ -211,8 +211,9 @@ def test_ambiguous_prefix_lists_candidates(registry: ProcessRegistry) -> None:
     second = registry.spawn(request(["true"])).id
     registry.wait(first, timeout=10)
     registry.wait(second, timeout=10)
-    registry.store.update(first, id="s_abcd00000001")
-    registry.store.update(second, id="s_abcd00000002")
+    with registry.store.db.write() as conn:
+        for old, new in ((first, "s_abcd00000001"), (second, "s_abcd00000002")):
+            conn.execute("UPDATE registry_sessions SET id = ? WHERE id = ?", (new, old))
     with pytest.raises(AmbiguousId) as caught:
         registry.resolve("abcd")
     assert caught.value.fields["candidates"] == ["s_abcd00000001", "s_abcd00000002"]
@@ -249,7 +250,7 @@ def test_two_hundred_spawn_cycles_leave_no_leaks(tmp_path: Path, leak_guard: Lea
         for _ in range(200):
             session = registry.spawn(request(["true"]))
             assert registry.wait(session.id, timeout=10).snapshot.session.exit_code == 0
-        wait_for(lambda: not registry._children, 5, what="keepers reaped")
+        wait_for(lambda: not registry.tracking.children, 5, what="keepers reaped")
 
 
 def test_launcher_killed_worker_finishes_fresh_registry_adopts(tmp_path: Path) -> None:
@@ -305,7 +306,7 @@ def test_adopt_finalizes_finished_and_marks_vanished_lost(tmp_path: Path) -> Non
         wait_for(lambda: Path(finished.log_path).with_name("exit.json").exists(), 5, what="exit")
         os.kill(vanished.keeper_pid or 0, signal.SIGKILL)
         os.kill(vanished.worker_pid or 0, signal.SIGKILL)
-        registry._children[vanished.id].wait(timeout=5)  # reaped: the pid is free again
+        registry.tracking.children[vanished.id].wait(timeout=5)  # reaped: the pid is free again
     with open_registry(state) as fresh:
         seen: list[str] = []
         fresh.add_finish_listener(lambda s: seen.append(s.id))
@@ -393,4 +394,4 @@ def test_unfollowed_registry_sees_the_end_from_files(tmp_path: Path) -> None:
         assert done.snapshot.session.exit_code == 3
         assert done.snapshot.output == "out\nerr\n"
         # Reads reap the keeper (our child) once it is gone: no zombie is left behind.
-        wait_for(lambda: not registry.poll(session.id) or not registry._children, 5)
+        wait_for(lambda: not registry.poll(session.id) or not registry.tracking.children, 5)

@@ -68,7 +68,7 @@ def run(quick: bool) -> list[Row]:
                 if s.worker_pid and s.worker_start:
                     send(Identity(pid=s.worker_pid, start=s.worker_start), signal.SIGKILL)
             for s in sessions:
-                child = launcher._children.get(s.id)
+                child = launcher.tracking.child(s.id)
                 if child is not None:
                     child.wait(timeout=30)
             launcher.close()

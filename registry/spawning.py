@@ -1,0 +1,273 @@
+"""Spawning: a worker under a keeper, placed by the scope layer, recorded before it runs.
+
+The order matters for restart safety: the session directory and its spec are written, then
+the row is stored (a draft with no keeper yet), then the keeper is launched (gated: it waits
+until the scope layer placed it), then its placement is recorded and, once the keeper says
+the worker started (or could not), the session is followed or settled. A launch that raises
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import subprocess
+from dataclasses import dataclass
+
+from registry.abc import Session, SessionState, SpawnRequest
+from registry.errors import RegistryError, SpawnRefused
+from registry.finalizing import Finalizer
+from registry.guard import GatewayIdentity, gateway_kill_reason
+from registry.heartbeat import clamp_interval
+from registry.launch import await_ready, worker_argv
+from registry.parts import LaunchOptions, Parts
+from registry.procinfo import MARKER_ENV
+from registry.reconciling import Reconciler
+from registry.sessiondir import SessionDir, keeper_spec, sessions_root
+from registry.state import ensure_private_dir
+from registry.store import Placed
+from registry.watch import parse_patterns
+from scope.abc import GATE_ENV, Launched, LaunchSpec, Placement
+from scope.foundation.errors import UsageError
+from scope.foundation.procstat import read_stat
+
+__all__ = ["SERVICE_ENV", "Spawner", "new_session_id"]
+
+_log = logging.getLogger("dispatch.registry")
+
+SERVICE_ENV = (
+    "INVOCATION_ID",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+    "JOURNAL_STREAM",
+    "MANAGERPID",
+)
+"""systemd's per-service variables: a worker that inherited them (from a gateway run as a
+service) would believe it is that service (sd_notify to the gateway's socket, socket
+activation, a caller "inside a unit"), so spawn never passes them on."""
+
+
+def new_session_id() -> str:
+    """``s_`` + 12 hex digits."""
+    return "s_" + secrets.token_hex(6)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Start:
+    """A spawn between its launch and its first look at the keeper."""
+
+    session_id: str
+    sdir: SessionDir
+    process: subprocess.Popen[bytes]
+    started: bool
+    """The keeper signalled that the worker started (or failed to)."""
+
+
+class Spawner:
+    """Starts workers under keepers (see the module docstring)."""
+
+    def __init__(
+        self,
+        parts: Parts,
+        options: LaunchOptions,
+        finalizer: Finalizer,
+        reconciler: Reconciler,
+        *,
+        gateway: GatewayIdentity | None = None,
+    ) -> None:
+        self.parts = parts
+        self.options = options
+        self.finalizer = finalizer
+        self.reconciler = reconciler
+        self.gateway = gateway
+        """This process when it is the gateway: commands that would kill it are refused."""
+
+    def spawn(self, request: SpawnRequest) -> Session:
+        """Start a worker (see :meth:`registry.abc.Registry.spawn`)."""
+        argv = worker_argv(request)
+        draft = self._draft(request, argv)
+        self._guard(argv)
+        return self._first_look(self._start(request, argv, draft))
+
+    def _guard(self, argv: list[str]) -> None:
+        if self.gateway is None:
+            return
+        reason = gateway_kill_reason(argv, self.gateway)
+        if reason is not None:
+            raise SpawnRefused(
+                f"{reason}; this registry runs inside the gateway",
+                remedy="stop a session by id with 'dispatch kill ID' (ids: 'dispatch ps')",
+                command=" ".join(argv),
+            )
+
+    def _start(self, request: SpawnRequest, argv: list[str], draft: Session) -> _Start:
+        """Write the directory and the row, launch the keeper, wait for its start signal."""
+        parts = self.parts
+        sdir = SessionDir.of(parts.state_dir, draft.id)
+        ready_r, ready_w = os.pipe()
+        try:
+            self._create_dir(request, argv, draft, sdir, ready_w)
+            parts.store.insert(
+                draft,
+                dir=str(sdir.path),
+                created_at=parts.clock.time(),
+                output_chars=request.output_chars,
+                heartbeat_liveness=request.heartbeat_liveness,
+            )
+            try:
+                launched = self._launch(request, sdir, argv, ready_w)
+            except BaseException:
+                parts.store.delete([draft.id])
+                sdir.remove()
+                raise
+            os.close(ready_w)
+            ready_w = -1
+            keeper = read_stat(launched.pid)
+            parts.store.update(
+                draft.id,
+                Placed(
+                    placement=launched.placement,
+                    unit=launched.unit,
+                    keeper_pid=launched.pid,
+                    keeper_start=keeper.start_time if keeper else None,
+                    warning=launched.warning,
+                ),
+            )
+            with parts.tracking.lock:
+                parts.tracking.children[draft.id] = launched.process
+            started = await_ready(ready_r, self.options.ready_timeout)
+        finally:
+            os.close(ready_r)
+            if ready_w >= 0:
+                os.close(ready_w)
+        return _Start(session_id=draft.id, sdir=sdir, process=launched.process, started=started)
+
+    def _draft(self, request: SpawnRequest, argv: list[str]) -> Session:
+        """The row as stored before the launch (in process, no keeper yet)."""
+        watch = parse_patterns(request.watch)
+        heartbeat = _heartbeat_of(request.heartbeat)
+        session_id = new_session_id()
+        return Session(
+            id=session_id,
+            argv=tuple(argv),
+            cwd=request.cwd,
+            owner=request.owner,
+            caller=request.caller,
+            placement=Placement.IN_PROCESS,
+            unit=None,
+            state=SessionState.RUNNING,
+            log_path=str(SessionDir.of(self.parts.state_dir, session_id).log),
+            pty=request.pty,
+            timeout=request.timeout,
+            labels=dict(request.labels),
+            notify=request.notify or heartbeat is not None,
+            heartbeat=heartbeat,
+            watch=watch,
+        )
+
+    def _create_dir(
+        self,
+        request: SpawnRequest,
+        argv: list[str],
+        draft: Session,
+        sdir: SessionDir,
+        ready_w: int,
+    ) -> None:
+        """The session directory with the keeper's spec (removed again on failure)."""
+        settings = self.parts.settings
+        env = {k: v for k, v in request.env.items() if k != GATE_ENV and k not in SERVICE_ENV}
+        env[MARKER_ENV] = draft.id
+        if request.pty:
+            env.setdefault("TERM", "xterm-256color")
+        spec = keeper_spec(
+            session_id=draft.id,
+            directory=sdir.path,
+            argv=argv,
+            cwd=request.cwd,
+            env=env,
+            pty=request.pty,
+            max_log_bytes=settings.max_log_bytes,
+            timeout=request.timeout,
+            kill_grace=settings.kill_grace,
+            drain_time=settings.drain_time,
+            ready_fd=ready_w,
+        )
+        try:
+            ensure_private_dir(sessions_root(self.parts.state_dir))
+            sdir.create(spec)
+        except OSError as err:
+            sdir.remove()
+            raise RegistryError(
+                f"cannot create the session directory {sdir.path}: {err.strerror}",
+                remedy="check the state dir's permissions and free space",
+                session=draft.id,
+            ) from None
+
+    def _launch(
+        self, request: SpawnRequest, sdir: SessionDir, argv: list[str], ready_w: int
+    ) -> Launched:
+        err_fd = os.open(
+            sdir.keeper_err, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
+        )
+        try:
+            return self.parts.scoper.launch(
+                LaunchSpec(
+                    argv=[*self.options.keeper_argv, str(sdir.spec)],
+                    env={"PATH": os.defpath, "LC_ALL": "C.UTF-8"},
+                    cwd=str(sdir.path),
+                    unit_parts=(*request.unit_parts, sdir.path.name),
+                    description=f"dispatch {request.owner}: {os.path.basename(argv[0])}",
+                    pass_fds=(ready_w,),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err_fd,
+                    gated=True,
+                    start_new_session=True,
+                ),
+                request.caller,
+                wants_isolation=request.wants_isolation,
+            )
+        finally:
+            os.close(err_fd)
+
+    def _first_look(self, start: _Start) -> Session:
+        """Follow the started session, or settle one that ended (or never started)."""
+        parts, process, sdir = self.parts, start.process, start.sdir
+        following = parts.tracking.follower is not None
+        stored = self.reconciler.note_keeper_info(parts.load(start.session_id))
+        if not start.started and not sdir.has_exit() and process.poll() is not None:
+            # The keeper died before starting anything.
+            reason = self.finalizer.lost_reason(stored, process)
+            return self.finalizer.settle(start.session_id, lost=reason)
+        if sdir.has_exit():
+            # Failed to start, or already done. The keeper may still capture a descendant's
+            # output for a while: a follower reaps it later; without one, refresh does.
+            if process.poll() is None and following:
+                # Followed first, so the follower's own look at the end is a repeat, not news.
+                self.reconciler.follow(stored, process, fresh=True)
+            elif process.poll() is not None:
+                self.reconciler.forget_child(start.session_id)
+            return self.finalizer.settle(start.session_id)
+        if following:
+            self.reconciler.follow(stored, process, fresh=True)
+        return self.reconciler.refresh(parts.load(start.session_id)).session
+
+
+def _heartbeat_of(value: float | None) -> float | None:
+    if value is None:
+        return None
+    seconds = float(value)
+    if not seconds > 0 or seconds == float("inf"):
+        raise UsageError(
+            f"heartbeat interval {value!r} is not a positive number of seconds",
+            remedy="give seconds, e.g. 300",
+        )
+    used = clamp_interval(seconds)
+    if used != seconds:
+        _log.info("heartbeat interval %gs raised to the floor of %gs", seconds, used)
+    return used
