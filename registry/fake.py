@@ -38,11 +38,14 @@ from registry.abc import (
     WaitOutcome,
     WaitResult,
 )
+from registry.desk import owned_by
 from registry.errors import AmbiguousId, HandoffRefused, RegistryError
 from registry.events import new_event_id
 from registry.heartbeat import clamp_interval
 from registry.hooks import OutputHooks
+from registry.prune import due_for_pruning
 from registry.redact import Redactor
+from registry.settings import RegistrySettings
 from registry.watch import parse_patterns
 from scope.abc import Placement, Scoper
 from scope.foundation.errors import NotFoundError, UsageError
@@ -62,15 +65,19 @@ class FakeRegistry(Registry):
         clock: Callable[[], float] = time.time,
         hooks: OutputHooks | None = None,
         output_chars: int = DEFAULT_OUTPUT_CHARS,
+        settings: RegistrySettings | None = None,
     ) -> None:
         self.scoper = scoper
         self.clock = clock
+        self.settings = settings or RegistrySettings()
+        """Only ``finished_ttl`` and ``max_sessions`` (pruning) are used."""
         self.hooks = hooks if hooks is not None else OutputHooks(redactor=Redactor())
         self.output_chars = output_chars
         self.event_log: list[Event] = []
         """Every stored event, oldest first (acknowledged ones too)."""
         self._event_seq: dict[str, int] = {}
-        self._handoffs: dict[str, int] = {}
+        self._handoffs: list[tuple[str, str]] = []
+        """(session id, the owner that handed it off), as the real store's handoff rows."""
         self._event_listeners: list[EventListener] = []
         self.sessions: dict[str, Session] = {}
         self.outputs: dict[str, bytearray] = {}
@@ -362,7 +369,23 @@ class FakeRegistry(Registry):
         return []
 
     def prune(self, *, now: float | None = None) -> int:
-        return 0
+        when = self.clock() if now is None else now
+        with self._cond:
+            ids = set(
+                due_for_pruning(
+                    ((s.id, s.finished_at) for s in self.sessions.values() if s.finished),
+                    finished_before=when - self.settings.finished_ttl,
+                    keep=self.settings.max_sessions,
+                )
+            )
+            for session_id in ids:
+                for table in (self.sessions, self.outputs, self.stdin, self.requests):
+                    table.pop(session_id, None)
+            # As in the real store: acknowledged events and handoffs go with the session;
+            # unacknowledged events stay until acknowledged.
+            self.event_log = [e for e in self.event_log if not (e.session_id in ids and e.acked)]
+            self._handoffs = [h for h in self._handoffs if h[0] not in ids]
+        return len(ids)
 
     def add_finish_listener(self, listener: FinishListener) -> None:
         self._listeners.append(listener)
@@ -385,7 +408,7 @@ class FakeRegistry(Registry):
                 if (include_acked or e.acked_at is None)
                 and (session_id is None or e.session_id == session_id)
                 and (after is None or e.position > after)
-                and (owner is None or _routed(e.owner, owner))
+                and (owner is None or owned_by(e.owner, owner))
             ]
         return found if limit is None else found[: max(0, limit)]
 
@@ -422,12 +445,12 @@ class FakeRegistry(Registry):
                 raise HandoffRefused(f"it is owned by {current}, not {by}", session=session_id)
             if to == current:
                 raise HandoffRefused(f"it is already owned by {to}", session=session_id)
-            if self._handoffs.get(str(current), 0) >= MAX_HANDOFFS:
+            if sum(1 for _, by_owner in self._handoffs if by_owner == str(current)) >= MAX_HANDOFFS:
                 raise HandoffRefused(
                     f"owner {current} already handed off {MAX_HANDOFFS} sessions",
                     session=session_id,
                 )
-            self._handoffs[str(current)] = self._handoffs.get(str(current), 0) + 1
+            self._handoffs.append((session_id, str(current)))
             moved = replace(session, owner=to, handoff_note=text, handoff_from=current)
             self.sessions[session_id] = moved
             event = self._store_event(
@@ -471,13 +494,6 @@ class FakeRegistry(Registry):
     def _notify(self, session: Session) -> None:
         for listener in list(self._listeners):
             listener(session)
-
-
-def _routed(owner: Owner, wanted: Owner | str) -> bool:
-    if isinstance(wanted, Owner):
-        return owner == wanted
-    text = str(owner)
-    return text == wanted or text.startswith(wanted + ":")
 
 
 def owner(kind: str, ident: str) -> Owner:

@@ -34,6 +34,7 @@ from registry.changes import (
     WatchMark,
 )
 from registry.events import V2_SCHEMA, EventDraft, EventStore
+from registry.prune import due_for_pruning
 from registry.state import Component, Migration, StateDB
 from scope.abc import CallerKind, Placement
 
@@ -529,17 +530,24 @@ class SessionStore:
 
     def prunable(self, *, finished_before: float, keep: int) -> list[StoredSession]:
         """Finished rows older than ``finished_before``, plus the oldest finished ones beyond
-        the newest ``keep``."""
+        the newest ``keep`` (see :func:`registry.prune.due_for_pruning`)."""
         with self.db.read() as conn:
             rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM registry_sessions WHERE state != 'running'"  # noqa: S608
-                " ORDER BY finished_at DESC, id DESC"
+                "SELECT id, finished_at FROM registry_sessions WHERE state != 'running'"
             ).fetchall()
-        found = []
-        for index, row in enumerate(rows):
-            finished = row["finished_at"] if row["finished_at"] is not None else 0.0
-            if index >= keep or finished < finished_before:
-                found.append(_row_to_stored(row))
+            due = due_for_pruning(
+                ((r["id"], r["finished_at"]) for r in rows),
+                finished_before=finished_before,
+                keep=keep,
+            )
+            found = []
+            for session_id in due:
+                row = conn.execute(
+                    f"SELECT {_COLUMNS} FROM registry_sessions WHERE id = ?",  # noqa: S608
+                    (session_id,),
+                ).fetchone()
+                if row is not None:
+                    found.append(_row_to_stored(row))
         return found
 
     def delete(self, session_ids: Iterable[str]) -> int:

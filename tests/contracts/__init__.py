@@ -1,0 +1,1 @@
+"""Contract suites: one per seam, run against every implementation."""

@@ -1,0 +1,268 @@
+"""The registry contract (registry/abc.py), run against every implementation.
+
+* ``fake``: :class:`registry.fake.FakeRegistry` (in memory; a test ends its sessions);
+* ``process``: :class:`registry.process.ProcessRegistry` with real keepers and processes;
+* ``systemd``: the same, placed in real scopes by a private systemd user manager (the
+  ``systemd`` tier: skipped without one, a failure in CI).
+
+A later backend is one more parameter of :func:`subject`. Each test states a promise of the
+contract; implementation details (keeper files, unit names) are tested elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from registry.abc import (
+    EventType,
+    Owner,
+    Registry,
+    Session,
+    SessionState,
+    SpawnRequest,
+    WaitOutcome,
+)
+from registry.errors import AmbiguousId, HandoffRefused
+from registry.fake import FakeRegistry
+from registry.settings import RegistrySettings
+from scope import open_scoper
+from scope.abc import Placement, Policy, Scoper
+from scope.foundation.clock import FakeClock
+from scope.foundation.errors import NotFoundError, UsageError
+from scope.settings import ScopeSettings
+from tests.support.systemd import SystemdManager
+from tests.test_events_support import ECHO
+from tests.test_registry_support import SLEEPER, open_registry
+from tests.test_registry_support import request as make_request
+
+ALICE = Owner(kind="client", id="alice")
+BOB = Owner(kind="client", id="bob")
+TTL = 3600.0
+KEEP = 3
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A registry under test, and how the test drives sessions to their end."""
+
+    registry: Registry
+    finish: Callable[[int, bytes], Session]
+    """Spawn a session that ends with (exit code, output); return it finished."""
+    end: Callable[[Session], Session]
+    """End a running :data:`ECHO` session with exit 0 and output ``bye``."""
+    now: Callable[[], float]
+    """The wall time the registry stamps ``finished_at`` with."""
+    placement: Placement
+    """Where a default CLI spawn is placed."""
+
+
+def _fake() -> Subject:
+    clock = FakeClock(start=time.time())
+    fake = FakeRegistry(
+        clock=clock.time, settings=RegistrySettings(finished_ttl=TTL, max_sessions=KEEP)
+    )
+
+    def finish(code: int, output: bytes) -> Session:
+        clock.advance(1.0)  # distinct finishing times, as real sessions have
+        session = fake.spawn(make_request(["worker"]))
+        return fake.finish(session.id, exit_code=code, output=output)
+
+    def end(session: Session) -> Session:
+        return fake.finish(session.id, exit_code=0, output=b"bye\n")
+
+    return Subject(fake, finish, end, clock.time, Placement.IN_PROCESS)
+
+
+@contextlib.contextmanager
+def _process(state_dir: Path, scoper: Scoper | None, placement: Placement) -> Iterator[Subject]:
+    with open_registry(state_dir, scoper, finished_ttl=TTL, max_sessions=KEEP) as real:
+
+        def finish(code: int, output: bytes) -> Session:
+            escaped = "".join(f"\\{b:03o}" for b in output)
+            session = real.spawn(make_request(["sh", "-c", f"printf '{escaped}'; exit {code}"]))
+            return real.wait(session.id, timeout=15).snapshot.session
+
+        def end(session: Session) -> Session:
+            real.write_stdin(session.id, b"bye\nquit\n")
+            return real.wait(session.id, timeout=15).snapshot.session
+
+        yield Subject(real, finish, end, time.time, placement)
+
+
+@pytest.fixture(
+    params=["fake", "process", pytest.param("systemd", marks=pytest.mark.systemd)],
+)
+def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+    if request.param == "fake":
+        yield _fake()
+    elif request.param == "process":
+        with _process(tmp_path / "state", None, Placement.IN_PROCESS) as found:
+            yield found
+    else:
+        manager: SystemdManager = request.getfixturevalue("systemd_manager")
+        scoper = open_scoper(ScopeSettings(), Policy(), environ=manager.env)
+        try:
+            with _process(tmp_path / "state", scoper, Placement.SCOPED) as found:
+                yield found
+        finally:
+            scoper.close()
+
+
+# -- sessions ----------------------------------------------------------------------------------
+
+
+def test_finished_session_fields(subject: Subject) -> None:
+    registry = subject.registry
+    session = subject.finish(3, b"hello\n")
+    assert session.state is SessionState.EXITED
+    assert session.placement is subject.placement
+    assert session.exit_code == 3 and session.signal is None
+    assert session.finished_at is not None
+    assert session.completion_reason == "exited with code 3"
+    assert registry.poll(session.id).output == "hello\n"
+    assert registry.read_log(session.id) == b"hello\n"
+    assert registry.read_log(session.id, head=2) == b"he"
+    assert registry.get(session.id) == session
+
+
+def test_lookup(subject: Subject) -> None:
+    registry = subject.registry
+    session = subject.finish(0, b"")
+    assert registry.resolve(session.id[:8]).id == session.id
+    assert registry.resolve(session.id[2:8]).id == session.id
+    with pytest.raises(NotFoundError):
+        registry.get("s_ffffffffffff")
+    with pytest.raises((NotFoundError, UsageError)):
+        registry.resolve("s_ab")
+    with pytest.raises(NotFoundError):
+        registry.resolve("s_ffffffffffff")
+    assert isinstance(AmbiguousId("session", "abcd", ["a", "b"]), UsageError)
+
+
+def test_running_kill_wait_and_listeners(subject: Subject) -> None:
+    registry = subject.registry
+    seen: list[str] = []
+    registry.add_finish_listener(lambda s: seen.append(s.id))
+    session = registry.spawn(make_request(SLEEPER))
+    assert session.placement is subject.placement
+    assert [s.id for s in registry.list_sessions()] == [session.id]
+    assert registry.wait(session.id, timeout=0.05).outcome is WaitOutcome.TIMEOUT
+    stop = threading.Event()
+    stop.set()
+    assert registry.wait(session.id, interrupt=stop).outcome is WaitOutcome.INTERRUPTED
+    snap = registry.kill(session.id, reason="test kill")
+    assert snap.session.state is SessionState.KILLED
+    assert snap.session.signal is not None
+    assert registry.list_sessions() == []
+    assert [s.id for s in registry.list_sessions(include_finished=True)] == [session.id]
+    again = registry.kill(session.id)
+    assert again.session == snap.session
+    assert registry.wait(session.id, timeout=1).outcome is WaitOutcome.FINISHED
+    assert seen == [session.id]
+
+
+# -- pruning -----------------------------------------------------------------------------------
+
+
+def test_prune_removes_finished_sessions_past_the_ttl(subject: Subject) -> None:
+    registry = subject.registry
+    done = subject.finish(0, b"old\n")
+    running = registry.spawn(make_request(SLEEPER))
+    now = subject.now()
+    assert registry.prune(now=now) == 0
+    assert registry.get(done.id) == done
+    assert registry.prune(now=now + TTL + 10) == 1
+    with pytest.raises(NotFoundError):
+        registry.get(done.id)
+    assert [s.id for s in registry.list_sessions(include_finished=True)] == [running.id]
+    registry.kill(running.id)
+
+
+def test_prune_keeps_only_the_newest_finished_sessions(subject: Subject) -> None:
+    registry = subject.registry
+    ids = [subject.finish(0, b"").id for _ in range(KEEP + 2)]
+    assert registry.prune(now=subject.now()) == 2
+    left = {s.id for s in registry.list_sessions(include_finished=True)}
+    assert left == set(ids[2:])
+    assert registry.prune(now=subject.now()) == 0
+
+
+# -- events and ownership ----------------------------------------------------------------------
+
+
+def _spawn(registry: Registry, **fields: object) -> Session:
+    request: SpawnRequest = make_request(ECHO, **fields)
+    return registry.spawn(request)
+
+
+def test_notifying_session_publishes_exactly_one_completion(subject: Subject) -> None:
+    registry = subject.registry
+    seen = []
+    registry.add_event_listener(seen.append)
+    quiet = _spawn(registry, owner=ALICE)
+    loud = _spawn(registry, owner=ALICE, notify=True)
+    assert loud.notify and not quiet.notify
+    subject.end(quiet)
+    done = subject.end(loud)
+    (event,) = registry.events(owner=ALICE)
+    assert [e.id for e in seen] == [event.id]
+    assert event.type is EventType.COMPLETION and event.session_id == loud.id
+    assert event.seq == 1 and event.owner == ALICE
+    assert (event.state, event.exit_code, event.signal) == (SessionState.EXITED, 0, None)
+    assert event.completion_reason == done.completion_reason
+    assert event.output == "bye\n" and event.output_cut == 0
+    assert registry.pending_completions() == 0
+    first = registry.ack([event.id])
+    assert first.acked == (event.id,)
+    assert registry.ack([event.id]).already == (event.id,)
+    assert registry.events() == []
+    assert [e.id for e in registry.events(include_acked=True)] == [event.id]
+
+
+def test_handoff_and_teardown(subject: Subject) -> None:
+    registry = subject.registry
+    handed = _spawn(registry, owner=ALICE, notify=True)
+    kept = _spawn(registry, owner=ALICE, notify=True)
+    moved = registry.handoff(handed.id, BOB, note="please finish")
+    assert moved.owner == BOB and moved.handoff_note == "please finish"
+    with pytest.raises(HandoffRefused):
+        registry.handoff(handed.id, BOB, note="again")  # already BOB's
+    report = registry.teardown_owner(ALICE, grace=0.3)
+    assert [s.session.id for s in report.orphaned] == [kept.id]
+    assert report.orphaned[0].session.state is SessionState.KILLED
+    assert [e.session_id for e in report.unread] == [kept.id]
+    assert registry.events(owner=ALICE) == []
+    assert registry.get(handed.id).state is SessionState.RUNNING  # not Alice's any more
+    subject.end(handed)
+    kinds = [(e.type, e.note) for e in registry.events(owner=BOB)]
+    assert kinds == [
+        (EventType.HANDOFF, "please finish"),
+        (EventType.COMPLETION, "please finish"),
+    ]
+
+
+def test_pruning_keeps_unread_events_and_forgets_handoffs(subject: Subject) -> None:
+    registry = subject.registry
+    handed = _spawn(registry, owner=ALICE, notify=True)
+    registry.handoff(handed.id, BOB, note="yours")
+    subject.end(handed)
+    unread = [e.id for e in registry.events(owner=BOB)]
+    assert len(unread) == 2
+    assert registry.prune(now=subject.now() + TTL + 10) == 1
+    assert [e.id for e in registry.events(owner=BOB)] == unread  # still to be read
+    registry.ack(unread)
+    # The pruned session's handoff no longer counts against Alice's limit.
+    for _ in range(3):
+        other = _spawn(registry, owner=ALICE)
+        registry.handoff(other.id, BOB, note="more")
+    with pytest.raises(HandoffRefused):
+        registry.handoff(_spawn(registry, owner=ALICE).id, BOB, note="one too many")
+    for session in registry.list_sessions():
+        registry.kill(session.id, grace=0.3)
