@@ -17,10 +17,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from registry.abc import (
+    Event,
     EventType,
     Owner,
     Registry,
@@ -197,14 +199,14 @@ def test_prune_keeps_only_the_newest_finished_sessions(subject: Subject) -> None
 # -- events and ownership ----------------------------------------------------------------------
 
 
-def _spawn(registry: Registry, **fields: object) -> Session:
+def _spawn(registry: Registry, **fields: Any) -> Session:
     request: SpawnRequest = make_request(ECHO, **fields)
     return registry.spawn(request)
 
 
 def test_notifying_session_publishes_exactly_one_completion(subject: Subject) -> None:
     registry = subject.registry
-    seen = []
+    seen: list[Event] = []
     registry.add_event_listener(seen.append)
     quiet = _spawn(registry, owner=ALICE)
     loud = _spawn(registry, owner=ALICE, notify=True)
