@@ -83,7 +83,7 @@ class Finalizer:
         else:
             state = SessionState.LOST
         record = ExitRecord(
-            state=state.value,
+            state=state,
             exit_code=None,
             signal=None,
             reason=lost,
@@ -119,10 +119,7 @@ class Finalizer:
     def final_fields(self, stored: StoredSession, record: ExitRecord) -> FinalFields:
         """The final columns an exit record gives, with a kill in progress taken into
         account."""
-        try:
-            state = SessionState(record.state)
-        except ValueError:
-            state = SessionState.EXITED
+        state = record.state
         reason = record.reason
         intent = stored.kill
         if (

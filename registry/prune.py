@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from registry.abc import OwnerKind
 from registry.sessiondir import SessionDir, sessions_root
 from registry.settings import RegistrySettings
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # the store selects its rows with due_for_pruning below
 
 __all__ = ["HISTORY_OWNERS", "due_for_pruning", "prune_sessions"]
 
-HISTORY_OWNERS = ("kanban", "cron")
+HISTORY_OWNERS = frozenset({OwnerKind.KANBAN, OwnerKind.CRON})
 """Owner kinds whose history references session logs."""
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from registry.abc import SessionState
 from registry.errors import RegistryError
 from registry.state import ensure_private_dir
 
@@ -77,8 +78,9 @@ class KeeperInfo:
 class ExitRecord:
     """``exit.json``: how the worker ended."""
 
-    state: str
-    """``exited``, ``timed_out``, ``failed_start`` (keeper); ``killed`` or ``lost`` (registry)."""
+    state: SessionState
+    """``exited``, ``timed_out``, ``failed_start`` (keeper); ``killed`` or ``lost`` (registry).
+    A state this version does not know reads as ``exited``."""
     exit_code: int | None
     signal: str | None
     reason: str
@@ -94,7 +96,7 @@ class ExitRecord:
     def from_json(cls, data: Mapping[str, Any]) -> ExitRecord:
         """Parse a record written by a keeper or a registry."""
         return cls(
-            state=str(data["state"]),
+            state=_state_of(str(data["state"])),
             exit_code=_opt_int(data.get("exit_code")),
             signal=data.get("signal") or None,
             reason=str(data.get("reason") or ""),
@@ -110,7 +112,7 @@ class ExitRecord:
         """The document (registry-written records carry ``writer: "registry"``)."""
         return {
             "version": SPEC_FORMAT,
-            "state": self.state,
+            "state": self.state.value,
             "exit_code": self.exit_code,
             "signal": self.signal,
             "reason": self.reason,
@@ -308,6 +310,13 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def _state_of(text: str) -> SessionState:
+    try:
+        return SessionState(text)
+    except ValueError:
+        return SessionState.EXITED
 
 
 def _opt_int(value: Any) -> int | None:

@@ -99,7 +99,7 @@ class Stopper:
         # The keeper went down with the worker (a scope stop SIGKILLs both) or is stuck:
         # record what we know; the strongest signal we had to send is what ended it.
         fallback = ExitRecord(
-            state=intent.state.value,
+            state=intent.state,
             exit_code=None,
             signal=outcome.signal,
             reason=f"{intent.reason} ({outcome.signal})" if outcome.signal else intent.reason,
