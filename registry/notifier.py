@@ -367,34 +367,10 @@ class Notifier:
         if stored is None or stored.session.finished:
             self.detach(watch.session_id)
             return
-        gate = watch.gate
-        state_json = json.dumps(gate.to_json(offset))
         if verdict is Verdict.DISABLE:
-            draft = EventDraft(
-                type=EventType.WATCH_DISABLED,
-                state=SessionState.RUNNING,
-                log_path=watch.log_path,
-                data={
-                    "reason": gate.disabled,
-                    "deliveries": gate.deliveries,
-                    "suppressed_total": gate.suppressed_total,
-                    "fallback": "notify",
-                },
-            )
-            event = self.store.publish(
-                watch.session_id,
-                draft,
-                now=self.clock.time(),
-                emitter=self.emitter,
-                mark=WatchMark(state=state_json, stopped=True),
-            )
-            _log.info("watching session %s stopped: %s", watch.session_id, gate.disabled)
-            with self._lock:
-                self._watches.pop(watch.session_id, None)
-            if event is None:
-                self._lost(watch.session_id)
-            self.emit(event)
+            self._disable_watch(watch, offset)
             return
+        gate = watch.gate
         text = "\n".join(line for line, _ in pending)
         shown = text[: watch.chars] if watch.chars > 0 else ""
         cut = len(text) - len(shown)
@@ -433,6 +409,34 @@ class Notifier:
             self._lost(watch.session_id)
             return
         self._breaker.record(now)
+        self.emit(event)
+
+    def _disable_watch(self, watch: _Watch, offset: int) -> None:
+        """Watching stopped (strike limit, lifetime cap): say so; notify-on-complete follows."""
+        gate = watch.gate
+        draft = EventDraft(
+            type=EventType.WATCH_DISABLED,
+            state=SessionState.RUNNING,
+            log_path=watch.log_path,
+            data={
+                "reason": gate.disabled,
+                "deliveries": gate.deliveries,
+                "suppressed_total": gate.suppressed_total,
+                "fallback": "notify",
+            },
+        )
+        event = self.store.publish(
+            watch.session_id,
+            draft,
+            now=self.clock.time(),
+            emitter=self.emitter,
+            mark=WatchMark(state=json.dumps(gate.to_json(offset)), stopped=True),
+        )
+        _log.info("watching session %s stopped: %s", watch.session_id, gate.disabled)
+        with self._lock:
+            self._watches.pop(watch.session_id, None)
+        if event is None:
+            self._lost(watch.session_id)
         self.emit(event)
 
     # -- thread ------------------------------------------------------------------------------
