@@ -30,7 +30,7 @@ from registry.sessiondir import SessionDir
 from registry.store import HandoffResult
 from scope.foundation.errors import UsageError
 
-__all__ = ["MAX_NOTE_CHARS", "OwnerDesk", "owned_by"]
+__all__ = ["MAX_NOTE_CHARS", "OwnerDesk", "check_handoff", "handoff_note", "owned_by"]
 
 MAX_NOTE_CHARS = 2000
 """The longest handoff purpose note."""
@@ -96,15 +96,10 @@ class OwnerDesk:
     def handoff(self, session_id: str, to: Owner, *, note: str, by: Owner | None = None) -> Session:
         """Give a running session to another owner with a purpose note."""
         parts = self.parts
-        text = _note_of(note)
+        text = handoff_note(note)
         session = self.reconciler.refresh(parts.load(session_id)).session
-        if session.finished:
-            raise HandoffRefused(f"it is {session.state.value}", session=session.id)
+        check_handoff(session, to, by)
         current = session.owner
-        if by is not None and by != current:
-            raise HandoffRefused(f"it is owned by {current}, not {by}", session=session.id)
-        if to == current:
-            raise HandoffRefused(f"it is already owned by {to}", session=session.id)
         draft = EventDraft(
             type=EventType.HANDOFF,
             state=SessionState.RUNNING,
@@ -167,7 +162,20 @@ class OwnerDesk:
         )
 
 
-def _note_of(note: str) -> str:
+def check_handoff(session: Session, to: Owner, by: Owner | None) -> None:
+    """Refuse a handoff of a finished session, one asked for by someone other than its owner,
+    or one to its current owner (:class:`HandoffRefused`)."""
+    if session.finished:
+        raise HandoffRefused(f"it is {session.state.value}", session=session.id)
+    current = session.owner
+    if by is not None and by != current:
+        raise HandoffRefused(f"it is owned by {current}, not {by}", session=session.id)
+    if to == current:
+        raise HandoffRefused(f"it is already owned by {to}", session=session.id)
+
+
+def handoff_note(note: str) -> str:
+    """The purpose note of a handoff, stripped (UsageError when empty or too long)."""
     text = note.strip()
     if not text:
         raise UsageError("a handoff needs a purpose note", remedy="say why the new owner gets it")

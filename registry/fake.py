@@ -38,7 +38,7 @@ from registry.abc import (
     WaitOutcome,
     WaitResult,
 )
-from registry.desk import owned_by
+from registry.desk import check_handoff, handoff_note, owned_by
 from registry.errors import AmbiguousId, HandoffRefused, RegistryError
 from registry.events import new_event_id
 from registry.heartbeat import clamp_interval
@@ -48,7 +48,7 @@ from registry.redact import Redactor
 from registry.settings import RegistrySettings
 from registry.watch import parse_patterns
 from scope.abc import Placement, Scoper
-from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.errors import NotFoundError
 
 DEFAULT_OUTPUT_CHARS = 2000
 
@@ -433,18 +433,11 @@ class FakeRegistry(Registry):
         return 0  # finish() stores the final state and the completion together
 
     def handoff(self, session_id: str, to: Owner, *, note: str, by: Owner | None = None) -> Session:
-        text = note.strip()
-        if not text:
-            raise UsageError("a handoff needs a purpose note")
+        text = handoff_note(note)
         with self._cond:
             session = self.get(session_id)
-            if session.finished:
-                raise HandoffRefused(f"it is {session.state.value}", session=session_id)
+            check_handoff(session, to, by)
             current = session.owner
-            if by is not None and by != current:
-                raise HandoffRefused(f"it is owned by {current}, not {by}", session=session_id)
-            if to == current:
-                raise HandoffRefused(f"it is already owned by {to}", session=session_id)
             if sum(1 for _, by_owner in self._handoffs if by_owner == str(current)) >= MAX_HANDOFFS:
                 raise HandoffRefused(
                     f"owner {current} already handed off {MAX_HANDOFFS} sessions",
