@@ -146,8 +146,8 @@ class ProcessRegistry(Registry):
                 unit_alive=self.reconciler.unit_alive,
                 periodic=self._periodic_prune,
                 periodic_every=settings.prune_interval,
-                interval=interval,
-                idle_interval=idle_interval,
+                interval=self.options.interval,
+                idle_interval=self.options.idle_interval,
             )
 
     # The shared parts, by the names callers and tests know them.
