@@ -12,10 +12,9 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dispatcher.kanban import rules
 from dispatcher.kanban.abc import BoardStore, Claim, ClaimVerdict, Decide
-from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
 from dispatcher.kanban.model import (
-    MOVE_TARGETS,
     BlockKind,
     Card,
     CardEdit,
@@ -33,8 +32,6 @@ from dispatcher.kanban.rows import (
     CARD_COLUMNS,
     CARD_FIELDS,
     CARD_PREFIX,
-    HEX,
-    MIN_PREFIX,
     RUN_PREFIX,
     card_of,
     db_value,
@@ -121,6 +118,32 @@ class SqliteBoardStore(BoardStore):
             found.setdefault(row[0], []).append(row[1])
         return found
 
+    def _apply(
+        self,
+        conn: sqlite3.Connection,
+        card_id: str,
+        change: rules.Change,
+        now: float,
+        run_id: str | None = None,
+    ) -> Card:
+        self._update(conn, card_id, change.fields, now)
+        self._event(conn, card_id, change.kind, change.data, now, run_id)
+        self._bump(conn)
+        return self._load_card(conn, card_id)
+
+    @staticmethod
+    def _open_count(conn: sqlite3.Connection, card: Card | None = None) -> int:
+        """Open runs on the board, or of ``card``'s assignee."""
+        if card is None:
+            row = conn.execute("SELECT COUNT(*) FROM kanban_runs WHERE outcome IS NULL")
+        else:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
+                " WHERE r.outcome IS NULL AND c.assignee = ?",
+                (card.assignee,),
+            )
+        return int(row.fetchone()[0])
+
     def _load_card(self, conn: sqlite3.Connection, card_id: str) -> Card:
         row = conn.execute(
             f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE id = ?",  # noqa: S608
@@ -143,17 +166,7 @@ class SqliteBoardStore(BoardStore):
         return int(row[0]) == 0
 
     def _resolve(self, text: str, prefix: str, kind: str, table: str, column: str) -> str:
-        given = text.strip()
-        body = (given[len(prefix) :] if given.startswith(prefix) else given).lower()
-        if not HEX.fullmatch(body):
-            raise BadCard(
-                f"{kind} id",
-                text,
-                f"{kind} ids look like {prefix}1a2b3c4d5e",
-                remedy=f"copy the id from 'dispatch kanban list' (at least {MIN_PREFIX} "
-                "characters)",
-            )
-        full = prefix + body
+        full = rules.id_wanted(text, prefix, kind)
         with self.db.read() as conn:
             exact = conn.execute(
                 f"SELECT {column} FROM {table} WHERE {column} = ?",  # noqa: S608 - constants
@@ -161,12 +174,7 @@ class SqliteBoardStore(BoardStore):
             ).fetchone()
             if exact is not None:
                 return str(exact[0])
-            if len(given) < MIN_PREFIX or not body:
-                raise BadCard(
-                    f"{kind} id",
-                    text,
-                    f"too short: give at least {MIN_PREFIX} characters of the id",
-                )
+            rules.check_prefix_length(text, kind)
             rows = conn.execute(
                 f"SELECT {column} FROM {table} WHERE {column} GLOB ? ORDER BY {column}"  # noqa: S608
                 " LIMIT 50",
@@ -219,22 +227,10 @@ class SqliteBoardStore(BoardStore):
                     "INSERT INTO kanban_parents (card_id, parent_id) VALUES (?, ?)",
                     (card_id, parent),
                 )
-            status = CardStatus.READY if self._parents_done(conn, card_id) else CardStatus.TODO
+            status = rules.status_after_parents(self._parents_done(conn, card_id))
             if status is CardStatus.READY:
                 conn.execute("UPDATE kanban_cards SET status = 'ready' WHERE id = ?", (card_id,))
-            self._event(
-                conn,
-                card_id,
-                EventKind.CREATED,
-                {
-                    "title": new.title,
-                    "assignee": new.assignee,
-                    "priority": new.priority,
-                    "parents": list(dict.fromkeys(new.parents)),
-                    "status": status.value,
-                },
-                now,
-            )
+            self._event(conn, card_id, EventKind.CREATED, rules.created_data(new, status), now)
             self._bump(conn)
             return self._load_card(conn, card_id), True
 
@@ -273,27 +269,12 @@ class SqliteBoardStore(BoardStore):
         return [card_of(row, parents.get(row["id"], [])) for row in rows]
 
     def edit_card(self, card_id: str, edit: CardEdit, *, now: float) -> Card:
-        changed = edit.changed()
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
-            if card.status is CardStatus.ARCHIVED:
-                raise WrongStatus(card_id, card.status.value, "edit")
-            if not changed:
+            change = rules.edit_change(card, edit)
+            if change is None:
                 return card
-            fields = dict(changed)
-            if "assignee" in fields:
-                # A new assignee earns its own "unknown assignee" note if it is missing too.
-                fields["assignee_noted"] = False
-            self._update(conn, card_id, fields, now)
-            self._event(
-                conn,
-                card_id,
-                EventKind.EDITED,
-                {"fields": sorted(changed), **{k: v for k, v in changed.items() if k != "body"}},
-                now,
-            )
-            self._bump(conn)
-            return self._load_card(conn, card_id)
+            return self._apply(conn, card_id, change, now)
 
     # -- runs and events ---------------------------------------------------------------------
 
@@ -375,17 +356,7 @@ class SqliteBoardStore(BoardStore):
                 self._event(conn, row[0], EventKind.PROMOTED, {"reason": "parents done"}, now)
                 done.append((row[0], EventKind.PROMOTED))
             for row in conn.execute(expired_sql, (now,)).fetchall():
-                self._update(
-                    conn,
-                    row[0],
-                    {
-                        "status": CardStatus.READY,
-                        "block_kind": None,
-                        "blocked_until": None,
-                        "tempfail_count": 0,
-                    },
-                    now,
-                )
+                self._update(conn, row[0], rules.EXPIRED_BLOCK_FIELDS, now)
                 self._event(
                     conn, row[0], EventKind.UNBLOCKED, {"reason": "transient block ended"}, now
                 )
@@ -414,29 +385,18 @@ class SqliteBoardStore(BoardStore):
     ) -> Claim:
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
-            if card.status is not CardStatus.READY or card.current_run_id is not None:
-                return Claim(verdict=ClaimVerdict.NOT_READY)
             paused = conn.execute("SELECT value FROM kanban_meta WHERE key = 'paused'").fetchone()
-            if paused is not None and paused[0]:
-                return Claim(verdict=ClaimVerdict.PAUSED)
-            if card.retry_at is not None and card.retry_at > now:
-                return Claim(verdict=ClaimVerdict.BACKOFF)
-            cooling = card.cooldown_until is not None and card.cooldown_until > now
-            if cooling and not ignore_cooldown:
-                return Claim(verdict=ClaimVerdict.COOLDOWN)
-            running = conn.execute(
-                "SELECT COUNT(*) FROM kanban_runs WHERE outcome IS NULL"
-            ).fetchone()[0]
-            if running >= limits.max_in_progress:
-                return Claim(verdict=ClaimVerdict.BUDGET)
-            if limits.assignee_max is not None:
-                mine = conn.execute(
-                    "SELECT COUNT(*) FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
-                    " WHERE r.outcome IS NULL AND c.assignee = ?",
-                    (card.assignee,),
-                ).fetchone()[0]
-                if mine >= limits.assignee_max:
-                    return Claim(verdict=ClaimVerdict.ASSIGNEE_BUDGET)
+            refusal = rules.claim_refusal(
+                card,
+                paused=bool(paused is not None and paused[0]),
+                now=now,
+                ignore_cooldown=ignore_cooldown,
+            )
+            if refusal is None:
+                mine = None if limits.assignee_max is None else self._open_count(conn, card)
+                refusal = rules.budget_refusal(limits, running=self._open_count(conn), mine=mine)
+            if refusal is not None:
+                return Claim(verdict=refusal)
             attempt = (
                 conn.execute(
                     "SELECT COUNT(*) FROM kanban_runs WHERE card_id = ?", (card_id,)
@@ -546,102 +506,38 @@ class SqliteBoardStore(BoardStore):
         reason: str | None = None,
         result: str | None = None,
     ) -> Card:
-        if status not in (CardStatus.DONE, CardStatus.BLOCKED, CardStatus.REVIEW):
-            raise ValueError(f"a worker cannot move its card to {status}")
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
             row = conn.execute(
                 "SELECT card_id, outcome FROM kanban_runs WHERE run_id = ?", (run_id,)
             ).fetchone()
-            if (
-                row is None
-                or row["card_id"] != card_id
-                or row["outcome"] is not None
-                or card.current_run_id != run_id
-            ):
-                raise StaleRun(card_id, run_id, current=card.current_run_id)
-            if card.status is not CardStatus.RUNNING:
-                raise WrongStatus(
-                    card_id,
-                    card.status.value,
-                    {"done": "complete", "blocked": "block", "review": "review"}[status.value],
-                    remedy="the worker already reported on this card; nothing was changed",
-                )
-            fields: dict[str, Any] = {"status": status}
-            data: dict[str, Any] = {"by": "worker"}
-            kind = EventKind.REVIEW
-            if status is CardStatus.DONE:
-                fields |= {
-                    "completed_at": now,
-                    "result": result,
-                    "consecutive_failures": 0,
-                    "tempfail_count": 0,
-                    "last_failure_error": None,
-                }
-                kind = EventKind.COMPLETED
-                if result is not None:
-                    data["result"] = result
-            elif status is CardStatus.BLOCKED:
-                fields |= {"block_kind": block_kind, "blocked_until": blocked_until}
-                kind = EventKind.BLOCKED
-                data |= {
-                    "block_kind": block_kind.value if block_kind else None,
-                    "reason": reason,
-                    "until": blocked_until,
-                }
-            self._update(conn, card_id, fields, now)
-            self._event(conn, card_id, kind, data, now, run_id)
-            self._bump(conn)
-            return self._load_card(conn, card_id)
+            change = rules.worker_move_change(
+                card,
+                run_id,
+                run_card_id=None if row is None else row["card_id"],
+                run_open=row is not None and row["outcome"] is None,
+                status=status,
+                now=now,
+                block_kind=block_kind,
+                blocked_until=blocked_until,
+                reason=reason,
+                result=result,
+            )
+            return self._apply(conn, card_id, change, now, run_id)
 
     # -- operator commands -------------------------------------------------------------------
 
     def unblock(self, card_id: str, *, now: float) -> Card:
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
-            if card.status is not CardStatus.BLOCKED:
-                raise WrongStatus(card_id, card.status.value, "unblock")
-            status = CardStatus.READY if self._parents_done(conn, card_id) else CardStatus.TODO
-            self._update(
-                conn,
-                card_id,
-                {
-                    "status": status,
-                    "block_kind": None,
-                    "blocked_until": None,
-                    "consecutive_failures": 0,
-                    "tempfail_count": 0,
-                    "retry_at": None,
-                    "cooldown_until": None,
-                },
-                now,
-            )
-            self._event(
-                conn,
-                card_id,
-                EventKind.UNBLOCKED,
-                {"by": "operator", "status": status.value},
-                now,
-            )
-            self._bump(conn)
-            return self._load_card(conn, card_id)
+            change = rules.unblock_change(card, parents_done=self._parents_done(conn, card_id))
+            return self._apply(conn, card_id, change, now)
 
     def move(self, card_id: str, status: CardStatus, *, now: float) -> Card:
-        if status not in MOVE_TARGETS:
-            raise BadCard(
-                "status",
-                str(status),
-                "cards can be moved to " + ", ".join(s.value for s in MOVE_TARGETS),
-                remedy="'running' is reached only by a claim; use 'archive' to archive",
-            )
+        rules.check_move_target(status)
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
-            if card.current_run_id is not None:
-                raise WrongStatus(
-                    card_id,
-                    f"{card.status.value} with the open run {card.current_run_id}",
-                    "move",
-                )
+            rules.refuse_with_open_run(card, "move")
             if card.status is status:
                 return card
             self._update(conn, card_id, move_fields(card, status, now), now)
@@ -660,12 +556,7 @@ class SqliteBoardStore(BoardStore):
             card = self._load_card(conn, card_id)
             if card.status is CardStatus.ARCHIVED:
                 return card
-            if card.current_run_id is not None:
-                raise WrongStatus(
-                    card_id,
-                    f"{card.status.value} with the open run {card.current_run_id}",
-                    "archive",
-                )
+            rules.refuse_with_open_run(card, "archive")
             self._update(conn, card_id, {"status": CardStatus.ARCHIVED}, now)
             self._event(conn, card_id, EventKind.ARCHIVED, {"from": card.status.value}, now)
             self._bump(conn)
