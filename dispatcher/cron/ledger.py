@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from dispatcher.cron.abc import LedgerStore, LedgerTx
 from registry.state import Component, Migration, StateDB
 
 _SCHEMA_V1 = """
@@ -193,7 +194,7 @@ class JobState:
     paused_at: float | None
 
 
-class Tx:
+class Tx(LedgerTx):
     """The operations of one write transaction (see :meth:`Ledger.transaction`)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -302,7 +303,7 @@ class Tx:
         return _update(self.conn, row_id, expect, values)
 
 
-class Ledger:
+class Ledger(LedgerStore):
     """Reads and writes the cron tables of a :class:`~registry.state.StateDB`."""
 
     def __init__(self, db: StateDB) -> None:
