@@ -1,16 +1,21 @@
-"""The board in the state database: :class:`SqliteBoardStore` (see :mod:`dispatcher.kanban.abc`).
+"""The board in SQL: :class:`SqlBoardStore`, and its SQLite form :class:`SqliteBoardStore`.
 
-One :meth:`~registry.state.StateDB.write` transaction (``BEGIN IMMEDIATE``) per change, so the
-re-read at the start of a method and the write at its end see the same board; every write
-bumps the board version. Reads use a deferred transaction for a consistent snapshot.
+One write transaction per change, so the re-read at the start of a method and the write at its
+end see the same board with no other board change in between (SQLite: ``BEGIN IMMEDIATE``;
+PostgreSQL: a transaction-scoped advisory lock, see :mod:`dispatcher.cluster.database`); every
+write bumps the board version. Reads use one transaction for a consistent snapshot.
+
+The SQL is written once, in the dialect both backends share (``?`` placeholders, 0/1 flags,
+JSON text); a backend supplies a :class:`SqlDatabase` and the two spellings that differ
+(parent order, id-prefix match). See :mod:`dispatcher.kanban.abc` for the contract.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from dispatcher.kanban import rules
 from dispatcher.kanban.abc import BoardStore, Claim, ClaimVerdict, Decide
@@ -56,21 +61,44 @@ _WAITING_SQL = (
 )
 
 
-class SqliteBoardStore(BoardStore):
-    """The board in the shared state database (component ``kanban``)."""
+class SqlConnection(Protocol):
+    """What the store needs of a connection: ``execute`` with ``?`` placeholders, returning a
+    cursor whose rows answer both ``row[0]`` and ``row["name"]``."""
 
-    def __init__(self, db: StateDB) -> None:
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Any:
+        """Run one statement."""
+
+
+class SqlDatabase(Protocol):
+    """A database handing out transactions (:class:`~registry.state.StateDB` is one)."""
+
+    def read(self) -> AbstractContextManager[Any]:
+        """A transaction for reading."""
+
+    def write(self) -> AbstractContextManager[Any]:
+        """A write transaction that excludes every other board write until it ends."""
+
+
+class SqlBoardStore(BoardStore):
+    """The board in a SQL database (tables of :mod:`dispatcher.kanban.schema`)."""
+
+    PARENT_ORDER = "rowid"
+    """The column that keeps parents in the order they were given."""
+    PREFIX_MATCH = "{column} GLOB ? || '*'"
+    """SQL true when ``{column}`` starts with the bound text (exact, index-friendly)."""
+
+    def __init__(self, db: SqlDatabase) -> None:
         self.db = db
 
     # -- helpers -----------------------------------------------------------------------------
 
     @staticmethod
-    def _bump(conn: sqlite3.Connection) -> None:
+    def _bump(conn: SqlConnection) -> None:
         conn.execute("UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version'")
 
     @staticmethod
     def _event(
-        conn: sqlite3.Connection,
+        conn: SqlConnection,
         card_id: str,
         kind: EventKind,
         data: Mapping[str, Any],
@@ -83,9 +111,7 @@ class SqliteBoardStore(BoardStore):
         )
 
     @staticmethod
-    def _update(
-        conn: sqlite3.Connection, card_id: str, fields: Mapping[str, Any], now: float
-    ) -> None:
+    def _update(conn: SqlConnection, card_id: str, fields: Mapping[str, Any], now: float) -> None:
         unknown = set(fields) - CARD_FIELDS
         if unknown:
             raise ValueError(f"unknown card fields {sorted(unknown)}")
@@ -96,11 +122,11 @@ class SqliteBoardStore(BoardStore):
             (*(db_value(v) for v in values.values()), card_id),
         )
 
-    @staticmethod
-    def _parents(conn: sqlite3.Connection, card_ids: Sequence[str] | None) -> dict[str, list[str]]:
+    @classmethod
+    def _parents(cls, conn: SqlConnection, card_ids: Sequence[str] | None) -> dict[str, list[str]]:
         if card_ids is None:
             rows = conn.execute(
-                "SELECT card_id, parent_id FROM kanban_parents ORDER BY rowid"
+                f"SELECT card_id, parent_id FROM kanban_parents ORDER BY {cls.PARENT_ORDER}"  # noqa: S608
             ).fetchall()
         else:
             rows = []
@@ -110,7 +136,7 @@ class SqliteBoardStore(BoardStore):
                 marks = ",".join("?" * len(chunk))
                 rows += conn.execute(
                     f"SELECT card_id, parent_id FROM kanban_parents WHERE card_id IN ({marks})"  # noqa: S608
-                    " ORDER BY rowid",
+                    f" ORDER BY {cls.PARENT_ORDER}",
                     chunk,
                 ).fetchall()
         found: dict[str, list[str]] = {}
@@ -120,7 +146,7 @@ class SqliteBoardStore(BoardStore):
 
     def _apply(
         self,
-        conn: sqlite3.Connection,
+        conn: SqlConnection,
         card_id: str,
         change: rules.Change,
         now: float,
@@ -132,7 +158,7 @@ class SqliteBoardStore(BoardStore):
         return self._load_card(conn, card_id)
 
     @staticmethod
-    def _open_count(conn: sqlite3.Connection, card: Card | None = None) -> int:
+    def _open_count(conn: SqlConnection, card: Card | None = None) -> int:
         """Open runs on the board, or of ``card``'s assignee."""
         if card is None:
             row = conn.execute("SELECT COUNT(*) FROM kanban_runs WHERE outcome IS NULL")
@@ -144,7 +170,7 @@ class SqliteBoardStore(BoardStore):
             )
         return int(row.fetchone()[0])
 
-    def _load_card(self, conn: sqlite3.Connection, card_id: str) -> Card:
+    def _load_card(self, conn: SqlConnection, card_id: str) -> Card:
         row = conn.execute(
             f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE id = ?",  # noqa: S608
             (card_id,),
@@ -154,14 +180,14 @@ class SqliteBoardStore(BoardStore):
         return card_of(row, self._parents(conn, [card_id]).get(card_id, []))
 
     @staticmethod
-    def _load_run(conn: sqlite3.Connection, run_id: str) -> Run:
+    def _load_run(conn: SqlConnection, run_id: str) -> Run:
         row = conn.execute("SELECT * FROM kanban_runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise NotFoundError("run", run_id)
         return run_of(row)
 
     @staticmethod
-    def _parents_done(conn: sqlite3.Connection, card_id: str) -> bool:
+    def _parents_done(conn: SqlConnection, card_id: str) -> bool:
         row = conn.execute(_UNDONE_PARENTS_SQL, (card_id,)).fetchone()
         return int(row[0]) == 0
 
@@ -175,10 +201,10 @@ class SqliteBoardStore(BoardStore):
             if exact is not None:
                 return str(exact[0])
             rules.check_prefix_length(text, kind)
+            match = self.PREFIX_MATCH.format(column=column)
             rows = conn.execute(
-                f"SELECT {column} FROM {table} WHERE {column} GLOB ? ORDER BY {column}"  # noqa: S608
-                " LIMIT 50",
-                (full + "*",),
+                f"SELECT {column} FROM {table} WHERE {match} ORDER BY {column} LIMIT 50",  # noqa: S608
+                (full,),
             ).fetchall()
         if not rows:
             raise NotFoundError(kind, text)
@@ -416,8 +442,8 @@ class SqliteBoardStore(BoardStore):
                 (run_id, now, now, card_id),
             )
             if cursor.rowcount != 1:
-                # Unreachable under BEGIN IMMEDIATE; kept as the compare-and-set guard.
-                raise sqlite3.IntegrityError(f"claim of {card_id} lost its compare-and-set")
+                # Unreachable under the write lock; kept as the compare-and-set guard.
+                raise RuntimeError(f"claim of {card_id} lost its compare-and-set")
             self._event(
                 conn,
                 card_id,
@@ -595,3 +621,10 @@ class SqliteBoardStore(BoardStore):
         for row in rows:
             counts[CardStatus(row[0])] = int(row[1])
         return counts
+
+
+class SqliteBoardStore(SqlBoardStore):
+    """The board in the host's state database (component ``kanban``): the embedded default."""
+
+    def __init__(self, db: StateDB) -> None:
+        super().__init__(db)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.cluster.board import PgBoardStore
+from dispatcher.cluster.database import ClusterDB
 from dispatcher.database import open_state
 from dispatcher.kanban.abc import BoardStore, ClaimVerdict
 from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
@@ -38,13 +40,17 @@ ME = Claimer(pid=1, start=1)
 WIDE = Limits(max_in_progress=100)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BoardStore]:
     if request.param == "memory":
         yield MemoryBoardStore()
-        return
-    with open_state(tmp_path / "state") as db:
-        yield SqliteBoardStore(db)
+    elif request.param == "sqlite":
+        with open_state(tmp_path / "state") as db:
+            yield SqliteBoardStore(db)
+    else:
+        with ClusterDB(request.getfixturevalue("pg_url")) as cluster:
+            cluster.migrate()
+            yield PgBoardStore(cluster)
 
 
 def add(store: BoardStore, title: str = "t", **kw: object) -> str:
