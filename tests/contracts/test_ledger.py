@@ -14,20 +14,28 @@ from typing import Any
 
 import pytest
 
+from dispatcher.cluster.database import ClusterDB
+from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.ledger import Kind, Ledger, Status
 from dispatcher.database import open_state
 
 NOW = 1_800_000_000.0
-BACKENDS = ["sqlite"]
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @pytest.fixture(params=BACKENDS)
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], LedgerStore]]:
     """Opens the backend; each call is a new handle on the same ledger (another "process")."""
     states: list[Any] = []
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else ""
 
     def open_one() -> LedgerStore:
+        if url:
+            cluster = ClusterDB(url, max_size=1)
+            states.append(cluster)
+            cluster.migrate()
+            return PgLedger(cluster)
         state = open_state(tmp_path / "state")
         states.append(state)
         return Ledger(state)
