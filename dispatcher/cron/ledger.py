@@ -340,9 +340,9 @@ class Ledger(LedgerStore):
                 )
             else:
                 conn.execute(
-                    "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"
+                    "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"  # noqa: S608
                     " VALUES (?, 0, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 0,"
-                    f" paused_at = NULL, {_later_watermark(self.GREATEST)},"  # noqa: S608 - constant
+                    f" paused_at = NULL, {_later_watermark(self.GREATEST)},"
                     " updated_at = excluded.updated_at",
                     (job_id, now, now),
                 )
@@ -491,8 +491,8 @@ def _later_watermark(greatest: str) -> str:
 @functools.lru_cache(maxsize=4)
 def _watermark_sql(greatest: str) -> str:
     return (
-        "INSERT INTO cron_jobs (job_id, watermark, updated_at) VALUES (?, ?, ?)"
-        f" ON CONFLICT(job_id) DO UPDATE SET {_later_watermark(greatest)},"  # noqa: S608 - constant
+        "INSERT INTO cron_jobs (job_id, watermark, updated_at) VALUES (?, ?, ?)"  # noqa: S608
+        f" ON CONFLICT(job_id) DO UPDATE SET {_later_watermark(greatest)},"
         " updated_at = excluded.updated_at"
     )
 
