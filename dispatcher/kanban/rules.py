@@ -102,12 +102,17 @@ def claim_refusal(
     return None
 
 
-def budget_refusal(limits: Limits, *, running: int, mine: int | None) -> ClaimVerdict | None:
-    """Whether the board-wide or the assignee's budget refuses one more run."""
+def budget_refusal(
+    limits: Limits, *, running: int, mine: int | None, host: int | None = None
+) -> ClaimVerdict | None:
+    """Whether the board-wide, the assignee's or this host's budget refuses one more run
+    (``mine`` and ``host`` are the open runs of the card's assignee and of this host)."""
     if running >= limits.max_in_progress:
         return ClaimVerdict.BUDGET
     if limits.assignee_max is not None and mine is not None and mine >= limits.assignee_max:
         return ClaimVerdict.ASSIGNEE_BUDGET
+    if limits.host_max is not None and host is not None and host >= limits.host_max:
+        return ClaimVerdict.HOST_BUDGET
     return None
 
 

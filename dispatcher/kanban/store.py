@@ -157,6 +157,18 @@ class SqlBoardStore(BoardStore):
         self._bump(conn)
         return self._load_card(conn, card_id)
 
+    def _stamp(self, conn: SqlConnection, run_id: str) -> None:
+        """Mark a run just claimed with whatever fences it (cluster mode: host and epoch)."""
+
+    def _fenced(self, conn: SqlConnection, run_id: str) -> bool:
+        """Whether writes about ``run_id`` still count (cluster mode: its host's epoch is
+        current). A single host owns every run it claims."""
+        return True
+
+    def _host_open_count(self, conn: SqlConnection) -> int | None:
+        """Open runs of this host (cluster mode), None where there is only one host."""
+        return None
+
     @staticmethod
     def _open_count(conn: SqlConnection, card: Card | None = None) -> int:
         """Open runs on the board, or of ``card``'s assignee."""
@@ -420,7 +432,10 @@ class SqlBoardStore(BoardStore):
             )
             if refusal is None:
                 mine = None if limits.assignee_max is None else self._open_count(conn, card)
-                refusal = rules.budget_refusal(limits, running=self._open_count(conn), mine=mine)
+                host = None if limits.host_max is None else self._host_open_count(conn)
+                refusal = rules.budget_refusal(
+                    limits, running=self._open_count(conn), mine=mine, host=host
+                )
             if refusal is not None:
                 return Claim(verdict=refusal)
             attempt = (
@@ -435,6 +450,7 @@ class SqlBoardStore(BoardStore):
                 " claimer_start) VALUES (?, ?, ?, ?, ?, ?)",
                 (run_id, card_id, attempt, now, claimer.pid, claimer.start),
             )
+            self._stamp(conn, run_id)
             cursor = conn.execute(
                 "UPDATE kanban_cards SET status = 'running', current_run_id = ?, started_at = ?,"
                 " updated_at = ?, cooldown_until = NULL, retry_at = NULL"
@@ -466,7 +482,7 @@ class SqlBoardStore(BoardStore):
     ) -> bool:
         with self.db.write() as conn:
             run = self._load_run(conn, run_id)
-            if not run.open or run.session_id is not None:
+            if not run.open or run.session_id is not None or not self._fenced(conn, run_id):
                 return False
             conn.execute(
                 "UPDATE kanban_runs SET session_id = ?, placement = ?, unit = ?, started_at = ?"
@@ -488,35 +504,49 @@ class SqlBoardStore(BoardStore):
         self, run_id: str, result: RunResult, decide: Decide, *, now: float
     ) -> tuple[Run, Card] | None:
         with self.db.write() as conn:
-            run = self._load_run(conn, run_id)
-            if not run.open:
-                return None
-            card = self._load_card(conn, run.card_id)
-            change = decide(card, run)
-            conn.execute(
-                "UPDATE kanban_runs SET outcome = ?, exit_code = ?, signal = ?, error = ?,"
-                " infrastructure = ?, ended_at = ?, session_id = COALESCE(session_id, ?)"
-                " WHERE run_id = ? AND outcome IS NULL",
-                (
-                    result.outcome.value,
-                    result.exit_code,
-                    result.signal,
-                    result.error,
-                    int(result.infrastructure),
-                    now,
-                    result.session_id,
-                    run_id,
-                ),
-            )
-            fields = dict(change.fields)
-            if card.current_run_id == run_id:
-                fields["current_run_id"] = None
-            if fields:
-                self._update(conn, card.id, fields, now)
-            for kind, data in change.events:
-                self._event(conn, card.id, kind, data, now, run_id)
-            self._bump(conn)
-            return self._load_run(conn, run_id), self._load_card(conn, card.id)
+            return self._close(conn, run_id, result, decide, now)
+
+    def _close(
+        self,
+        conn: SqlConnection,
+        run_id: str,
+        result: RunResult,
+        decide: Decide,
+        now: float,
+        *,
+        fence: bool = True,
+    ) -> tuple[Run, Card] | None:
+        """:meth:`close_run` inside the caller's write transaction (``fence=False``: a rescue
+        closing a run whose host lost it)."""
+        run = self._load_run(conn, run_id)
+        if not run.open or (fence and not self._fenced(conn, run_id)):
+            return None
+        card = self._load_card(conn, run.card_id)
+        change = decide(card, run)
+        conn.execute(
+            "UPDATE kanban_runs SET outcome = ?, exit_code = ?, signal = ?, error = ?,"
+            " infrastructure = ?, ended_at = ?, session_id = COALESCE(session_id, ?)"
+            " WHERE run_id = ? AND outcome IS NULL",
+            (
+                result.outcome.value,
+                result.exit_code,
+                result.signal,
+                result.error,
+                int(result.infrastructure),
+                now,
+                result.session_id,
+                run_id,
+            ),
+        )
+        fields = dict(change.fields)
+        if card.current_run_id == run_id:
+            fields["current_run_id"] = None
+        if fields:
+            self._update(conn, card.id, fields, now)
+        for kind, data in change.events:
+            self._event(conn, card.id, kind, data, now, run_id)
+        self._bump(conn)
+        return self._load_run(conn, run_id), self._load_card(conn, card.id)
 
     # -- fenced worker commands --------------------------------------------------------------
 
@@ -541,7 +571,7 @@ class SqlBoardStore(BoardStore):
                 card,
                 run_id,
                 run_card_id=None if row is None else row["card_id"],
-                run_open=row is not None and row["outcome"] is None,
+                run_open=row is not None and row["outcome"] is None and self._fenced(conn, run_id),
                 status=status,
                 now=now,
                 block_kind=block_kind,
