@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.hosts import Hosts
+from dispatcher.cluster.wake import CHANNEL
 from dispatcher.kanban.model import RunOutcome, RunResult
 from dispatcher.kanban.store import SqlBoardStore, SqlConnection
 from dispatcher.kanban.taxonomy import Breaker, after_run
@@ -41,6 +42,12 @@ class PgBoardStore(SqlBoardStore):
     def __init__(self, db: ClusterDB, stamp: HostStamp | None = None) -> None:
         super().__init__(db)
         self.stamp = stamp
+
+    @staticmethod
+    def _bump(conn: SqlConnection) -> None:
+        SqlBoardStore._bump(conn)
+        # Delivered to every listening host when this transaction commits (never before).
+        conn.execute("SELECT pg_notify(?, '')", (CHANNEL,))
 
     def _stamp(self, conn: SqlConnection, run_id: str) -> None:
         if self.stamp is not None:

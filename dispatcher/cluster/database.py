@@ -118,8 +118,8 @@ class ClusterDB:
             "application_name": application_name,
             "options": f"-c statement_timeout={int(statement_timeout * 1000)}",
         }
-        if password is not None:
-            options["password"] = password
+        self.extra_options: dict[str, Any] = {} if password is None else {"password": password}
+        options.update(self.extra_options)
         self._connect_timeout = connect_timeout
         self.pool: ConnectionPool[Any] = ConnectionPool(
             url, min_size=0, max_size=max_size, kwargs=options, open=False, name="dispatch"

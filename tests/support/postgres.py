@@ -58,13 +58,21 @@ class PostgresServer:
         command = [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), *args]
         _as_user(self.user, command, timeout=timeout)
 
-    def start(self) -> None:
-        """Start (or start again after a stop) on the same port and socket dir."""
-        options = (
+    def options(self) -> str:
+        """The server options (``pg_ctl -o``): this port and socket dir, no durability."""
+        return (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
             " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
-        self.pg_ctl("-l", str(self.root / "pg.log"), "-w", "-o", options, "start")
+
+    def start(self) -> None:
+        """Start (or start again after a stop) on the same port and socket dir."""
+        self.pg_ctl("-l", str(self.root / "pg.log"), "-w", "-o", self.options(), "start")
+
+    def restart(self) -> None:
+        """Stop (fast: sessions are cut) and start again on the same port."""
+        log = str(self.root / "pg.log")
+        self.pg_ctl("-m", "fast", "-l", log, "-w", "-o", self.options(), "restart")
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (``immediate`` for a crash)."""
