@@ -23,12 +23,12 @@ import stat
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from dispatcher.cluster import schema
+from dispatcher.cluster.url import check_url, redact
 from dispatcher.errors import DispatcherError
 from scope.foundation.errors import ConfigError
 
@@ -45,34 +45,6 @@ class ClusterError(DispatcherError):
 
     def describe(self) -> str:
         return f"cluster database {self.fields['url']}: {self.fields['problem']}"
-
-
-def redact(url: str) -> str:
-    """``url`` without its password (and without a query string, which may carry one)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable database URL>"
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}@" if parts.username else ""
-    return urlunsplit((parts.scheme, user + host, parts.path, "", ""))
-
-
-def check_url(url: str) -> str:
-    """The URL if it is a ``postgresql://`` URL, else a one-line ConfigError naming the fix."""
-    try:
-        scheme = urlsplit(url).scheme
-    except ValueError:
-        scheme = ""
-    if scheme not in ("postgresql", "postgres"):
-        raise ConfigError(
-            f"not a postgresql:// URL: {redact(url)!r}",
-            key="cluster.database",
-            remedy="write it as postgresql://USER@HOST:PORT/DBNAME",
-        )
-    return url
 
 
 def password_from_file(path: Path) -> str:
