@@ -3,7 +3,12 @@ by the test instead of waiting for leases to run out."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +177,44 @@ def test_the_per_host_budget(db: ClusterDB, hosts: Hosts) -> None:
 def test_skew_is_measured_against_the_database(hosts: Hosts) -> None:
     assert abs(hosts.measure_skew()) < 1.0
     assert hosts.measure_skew(lambda: 0.0) < -1e9
+
+
+def test_dispatch_hosts_lists_leases(
+    db: ClusterDB, hosts: Hosts, shift: Shift, pg_url: str, tmp_path: Path
+) -> None:
+    hosts.join("alpha", boot_id="boot-a", version="0.1.0")
+    hosts.join("beta", boot_id="boot-b", version="0.1.0")
+    store = PgBoardStore(db, HostStamp(host_id="alpha", epoch=1))
+    card, _ = store.add_card(NewCard(title="t", assignee="x"), now=NOW)
+    store.claim(card.id, now=NOW, claimer=ME, limits=Limits(max_in_progress=5))
+    env = {**os.environ, "DISPATCH_DATABASE_URL": pg_url}
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dispatcher.cli.main",
+            "hosts",
+            "--json",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    rows = {row["host_id"]: row for row in json.loads(shown.stdout)}
+    assert rows["alpha"]["lease"] == "live" and rows["alpha"]["running_runs"] == 1
+    assert rows["beta"]["running_runs"] == 0 and rows["beta"]["boot_id"] == "boot-b"
+    alone = subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli.main", "hosts", "--state-dir", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in env.items() if k != "DISPATCH_DATABASE_URL"},
+        timeout=60,
+        check=False,
+    )
+    assert alone.returncode == 2 and "no cluster database" in alone.stderr
+    assert len(alone.stderr.strip().splitlines()) == 1
