@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dispatcher.cluster.settings import ClusterSettings
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.kanban.settings import Assignee, KanbanSettings
 from registry.settings import RegistrySettings
@@ -61,6 +62,11 @@ class Settings:
     )
     serve: ServeSettings = setting(
         default_factory=ServeSettings, kind=Record(ServeSettings), doc="The gateway."
+    )
+    cluster: ClusterSettings = setting(
+        default_factory=ClusterSettings,
+        kind=Record(ClusterSettings),
+        doc="Cluster mode (several hosts, one PostgreSQL).",
     )
 
 

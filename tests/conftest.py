@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.leaks import leak_guard
+from tests.support.postgres import pg_url, postgres_server
+from tests.support.postgres import summary_line as postgres_summary_line
 from tests.support.systemd import (
     mark_systemd_users,
     summary_line,
@@ -12,7 +14,7 @@ from tests.support.systemd import (
     systemd_marker_gate,
 )
 
-__all__ = ["leak_guard", "systemd_manager", "systemd_marker_gate"]
+__all__ = ["leak_guard", "pg_url", "postgres_server", "systemd_manager", "systemd_marker_gate"]
 
 pytest_plugins = ("pytester",)
 
@@ -24,5 +26,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Report which systemd manager the run used."""
+    """Report which systemd manager and PostgreSQL server the run used."""
     terminalreporter.write_line(summary_line(terminalreporter.config))
+    terminalreporter.write_line(postgres_summary_line(terminalreporter.config))

@@ -19,6 +19,7 @@ GROUPS: dict[str, str] = {
     "events": "List, follow and acknowledge completion events.",
     "cron": "Cron jobs: list, next, run, history, pause, resume.",
     "kanban": "Kanban board: add, list, show, edit, tick, complete, block, board, ...",
+    "hosts": "Cluster mode: the hosts sharing the cluster database, their leases and skew.",
 }
 
 VALUE_OPTIONS = ("--config", "--state-dir")

@@ -27,7 +27,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from registry.state import Component, Migration, StateDB
+from dispatcher.cron.abc import LedgerStore, LedgerTx
+from registry.state import Component, Migration
 
 _SCHEMA_V1 = """
 CREATE TABLE cron_fires (
@@ -193,11 +194,15 @@ class JobState:
     paused_at: float | None
 
 
-class Tx:
-    """The operations of one write transaction (see :meth:`Ledger.transaction`)."""
+class Tx(LedgerTx):
+    """The operations of one write transaction (see :meth:`Ledger.transaction`).
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    The SQL is shared by every SQL backend; ``greatest`` names the two-argument maximum
+    (SQLite's scalar ``max``, PostgreSQL's ``GREATEST``)."""
+
+    def __init__(self, conn: Any, greatest: str = "max") -> None:
         self.conn = conn
+        self.greatest = greatest
 
     def job_states(self, job_ids: Sequence[str] | None = None) -> dict[str, JobState]:
         """The state rows of ``job_ids`` (all when None)."""
@@ -226,22 +231,12 @@ class Tx:
 
     def set_watermark(self, job_id: str, watermark: float, now: float) -> None:
         """Move the job's watermark forward (never back)."""
-        self.conn.execute(
-            "INSERT INTO cron_jobs (job_id, watermark, updated_at) VALUES (?, ?, ?)"
-            " ON CONFLICT(job_id) DO UPDATE SET"
-            " watermark = max(coalesce(watermark, excluded.watermark), excluded.watermark),"
-            " updated_at = excluded.updated_at",
-            (job_id, watermark, now),
-        )
+        self.conn.execute(_watermark_sql(self.greatest), (job_id, watermark, now))
 
     def set_watermarks(self, job_ids: Sequence[str], watermark: float) -> None:
         """Move several jobs' watermarks forward to ``watermark`` (never back)."""
         self.conn.executemany(
-            "INSERT INTO cron_jobs (job_id, watermark, updated_at) VALUES (?, ?, ?)"
-            " ON CONFLICT(job_id) DO UPDATE SET"
-            " watermark = max(coalesce(watermark, excluded.watermark), excluded.watermark),"
-            " updated_at = excluded.updated_at",
-            [(job_id, watermark, watermark) for job_id in job_ids],
+            _watermark_sql(self.greatest), [(job_id, watermark, watermark) for job_id in job_ids]
         )
 
     def existing_keys(self, keys: Sequence[str]) -> set[str]:
@@ -266,7 +261,7 @@ class Tx:
             return []
         names = _COLUMNS[1:]
         pick = operator.itemgetter(*names)
-        self.conn.executemany(_insert_sql(names), [pick({**_EMPTY_ROW, **row}) for row in rows])
+        self.conn.executemany(insert_sql(names), [pick({**_EMPTY_ROW, **row}) for row in rows])
         keys = [row["fire_key"] for row in rows]
         ids: dict[str, int] = {}
         for start in range(0, len(keys), 500):
@@ -292,7 +287,7 @@ class Tx:
     def insert(self, **values: Any) -> int | None:
         """Insert a row; None when its fire key (or occurrence) is already in the ledger."""
         try:
-            cursor = self.conn.execute(_insert_sql(tuple(values)), tuple(values.values()))
+            cursor = self.conn.execute(insert_sql(tuple(values)), tuple(values.values()))
         except sqlite3.IntegrityError:
             return None
         return cursor.lastrowid
@@ -302,17 +297,23 @@ class Tx:
         return _update(self.conn, row_id, expect, values)
 
 
-class Ledger:
-    """Reads and writes the cron tables of a :class:`~registry.state.StateDB`."""
+class Ledger(LedgerStore):
+    """Reads and writes the cron tables of a :class:`~registry.state.StateDB`.
 
-    def __init__(self, db: StateDB) -> None:
+    Its SQL serves every SQL backend: a subclass names its transaction class and its
+    two-argument maximum (see :class:`dispatcher.cluster.ledger.PgLedger`)."""
+
+    TX: type[Tx] = Tx
+    GREATEST = "max"
+
+    def __init__(self, db: Any) -> None:
         self.db = db
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
         """One write transaction: every decision of a tick commits (or not) together."""
         with self.db.write() as conn:
-            yield Tx(conn)
+            yield self.TX(conn, self.GREATEST)
 
     # -- job state ---------------------------------------------------------------------------
 
@@ -339,10 +340,9 @@ class Ledger:
                 )
             else:
                 conn.execute(
-                    "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"
+                    "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"  # noqa: S608
                     " VALUES (?, 0, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 0,"
-                    " paused_at = NULL,"
-                    " watermark = max(coalesce(watermark, excluded.watermark), excluded.watermark),"
+                    f" paused_at = NULL, {_later_watermark(self.GREATEST)},"
                     " updated_at = excluded.updated_at",
                     (job_id, now, now),
                 )
@@ -480,8 +480,26 @@ def _job_state(row: sqlite3.Row) -> JobState:
     )
 
 
+def _later_watermark(greatest: str) -> str:
+    # The watermark only moves forward; an absent one takes the new value.
+    return (
+        f"watermark = {greatest}(coalesce(cron_jobs.watermark, excluded.watermark),"
+        " excluded.watermark)"
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _watermark_sql(greatest: str) -> str:
+    return (
+        "INSERT INTO cron_jobs (job_id, watermark, updated_at) VALUES (?, ?, ?)"  # noqa: S608
+        f" ON CONFLICT(job_id) DO UPDATE SET {_later_watermark(greatest)},"
+        " updated_at = excluded.updated_at"
+    )
+
+
 @functools.lru_cache(maxsize=64)
-def _insert_sql(names: tuple[str, ...]) -> str:
+def insert_sql(names: tuple[str, ...]) -> str:
+    """``INSERT INTO cron_fires`` of these columns (names checked against the record)."""
     # Column names come from code, never from input; checked once per distinct set.
     for name in names:
         if name not in _COLUMNS or name == "id":

@@ -50,6 +50,8 @@ class ClaimVerdict(enum.StrEnum):
     """``kanban.max_in_progress`` reached."""
     ASSIGNEE_BUDGET = "assignee_budget"
     """The assignee's ``max_in_progress`` reached."""
+    HOST_BUDGET = "host_budget"
+    """Cluster mode: this host's ``kanban.max_in_progress_per_host`` reached."""
 
 
 @dataclass(frozen=True, kw_only=True)

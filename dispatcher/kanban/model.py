@@ -214,6 +214,8 @@ class Limits:
 
     max_in_progress: int
     assignee_max: int | None = None
+    host_max: int | None = None
+    """Cluster mode: open runs this host may hold (``kanban.max_in_progress_per_host``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

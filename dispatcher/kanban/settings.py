@@ -52,6 +52,11 @@ class KanbanSettings:
         "of refusing when no restart-safe scope can be made.",
     )
     max_in_progress: int = setting(8, kind=Int(min=1), doc="Cap on running cards, all assignees.")
+    max_in_progress_per_host: int | None = setting(
+        None,
+        kind=Optional(Int(min=1)),
+        doc="Cluster mode: cap on running cards on this host (default: max_in_progress).",
+    )
     failure_limit: int = setting(
         2,
         kind=Int(min=1),

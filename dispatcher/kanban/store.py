@@ -1,21 +1,25 @@
-"""The board in the state database: :class:`SqliteBoardStore` (see :mod:`dispatcher.kanban.abc`).
+"""The board in SQL: :class:`SqlBoardStore`, and its SQLite form :class:`SqliteBoardStore`.
 
-One :meth:`~registry.state.StateDB.write` transaction (``BEGIN IMMEDIATE``) per change, so the
-re-read at the start of a method and the write at its end see the same board; every write
-bumps the board version. Reads use a deferred transaction for a consistent snapshot.
+One write transaction per change, so the re-read at the start of a method and the write at its
+end see the same board with no other board change in between (SQLite: ``BEGIN IMMEDIATE``;
+PostgreSQL: a transaction-scoped advisory lock, see :mod:`dispatcher.cluster.database`); every
+write bumps the board version. Reads use one transaction for a consistent snapshot.
+
+The SQL is written once, in the dialect both backends share (``?`` placeholders, 0/1 flags,
+JSON text); a backend supplies a :class:`SqlDatabase` and the two spellings that differ
+(parent order, id-prefix match). See :mod:`dispatcher.kanban.abc` for the contract.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
+from dispatcher.kanban import rules
 from dispatcher.kanban.abc import BoardStore, Claim, ClaimVerdict, Decide
-from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
 from dispatcher.kanban.model import (
-    MOVE_TARGETS,
     BlockKind,
     Card,
     CardEdit,
@@ -33,8 +37,6 @@ from dispatcher.kanban.rows import (
     CARD_COLUMNS,
     CARD_FIELDS,
     CARD_PREFIX,
-    HEX,
-    MIN_PREFIX,
     RUN_PREFIX,
     card_of,
     db_value,
@@ -59,21 +61,44 @@ _WAITING_SQL = (
 )
 
 
-class SqliteBoardStore(BoardStore):
-    """The board in the shared state database (component ``kanban``)."""
+class SqlConnection(Protocol):
+    """What the store needs of a connection: ``execute`` with ``?`` placeholders, returning a
+    cursor whose rows answer both ``row[0]`` and ``row["name"]``."""
 
-    def __init__(self, db: StateDB) -> None:
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Any:
+        """Run one statement."""
+
+
+class SqlDatabase(Protocol):
+    """A database handing out transactions (:class:`~registry.state.StateDB` is one)."""
+
+    def read(self) -> AbstractContextManager[Any]:
+        """A transaction for reading."""
+
+    def write(self) -> AbstractContextManager[Any]:
+        """A write transaction that excludes every other board write until it ends."""
+
+
+class SqlBoardStore(BoardStore):
+    """The board in a SQL database (tables of :mod:`dispatcher.kanban.schema`)."""
+
+    PARENT_ORDER = "rowid"
+    """The column that keeps parents in the order they were given."""
+    PREFIX_MATCH = "{column} GLOB ? || '*'"
+    """SQL true when ``{column}`` starts with the bound text (exact, index-friendly)."""
+
+    def __init__(self, db: SqlDatabase) -> None:
         self.db = db
 
     # -- helpers -----------------------------------------------------------------------------
 
     @staticmethod
-    def _bump(conn: sqlite3.Connection) -> None:
+    def _bump(conn: SqlConnection) -> None:
         conn.execute("UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version'")
 
     @staticmethod
     def _event(
-        conn: sqlite3.Connection,
+        conn: SqlConnection,
         card_id: str,
         kind: EventKind,
         data: Mapping[str, Any],
@@ -86,9 +111,7 @@ class SqliteBoardStore(BoardStore):
         )
 
     @staticmethod
-    def _update(
-        conn: sqlite3.Connection, card_id: str, fields: Mapping[str, Any], now: float
-    ) -> None:
+    def _update(conn: SqlConnection, card_id: str, fields: Mapping[str, Any], now: float) -> None:
         unknown = set(fields) - CARD_FIELDS
         if unknown:
             raise ValueError(f"unknown card fields {sorted(unknown)}")
@@ -99,11 +122,11 @@ class SqliteBoardStore(BoardStore):
             (*(db_value(v) for v in values.values()), card_id),
         )
 
-    @staticmethod
-    def _parents(conn: sqlite3.Connection, card_ids: Sequence[str] | None) -> dict[str, list[str]]:
+    @classmethod
+    def _parents(cls, conn: SqlConnection, card_ids: Sequence[str] | None) -> dict[str, list[str]]:
         if card_ids is None:
             rows = conn.execute(
-                "SELECT card_id, parent_id FROM kanban_parents ORDER BY rowid"
+                f"SELECT card_id, parent_id FROM kanban_parents ORDER BY {cls.PARENT_ORDER}"  # noqa: S608
             ).fetchall()
         else:
             rows = []
@@ -113,7 +136,7 @@ class SqliteBoardStore(BoardStore):
                 marks = ",".join("?" * len(chunk))
                 rows += conn.execute(
                     f"SELECT card_id, parent_id FROM kanban_parents WHERE card_id IN ({marks})"  # noqa: S608
-                    " ORDER BY rowid",
+                    f" ORDER BY {cls.PARENT_ORDER}",
                     chunk,
                 ).fetchall()
         found: dict[str, list[str]] = {}
@@ -121,7 +144,45 @@ class SqliteBoardStore(BoardStore):
             found.setdefault(row[0], []).append(row[1])
         return found
 
-    def _load_card(self, conn: sqlite3.Connection, card_id: str) -> Card:
+    def _apply(
+        self,
+        conn: SqlConnection,
+        card_id: str,
+        change: rules.Change,
+        now: float,
+        run_id: str | None = None,
+    ) -> Card:
+        self._update(conn, card_id, change.fields, now)
+        self._event(conn, card_id, change.kind, change.data, now, run_id)
+        self._bump(conn)
+        return self._load_card(conn, card_id)
+
+    def _stamp(self, conn: SqlConnection, run_id: str) -> None:
+        """Mark a run just claimed with whatever fences it (cluster mode: host and epoch)."""
+
+    def _fenced(self, conn: SqlConnection, run_id: str) -> bool:
+        """Whether writes about ``run_id`` still count (cluster mode: its host's epoch is
+        current). A single host owns every run it claims."""
+        return True
+
+    def _host_open_count(self, conn: SqlConnection) -> int | None:
+        """Open runs of this host (cluster mode), None where there is only one host."""
+        return None
+
+    @staticmethod
+    def _open_count(conn: SqlConnection, card: Card | None = None) -> int:
+        """Open runs on the board, or of ``card``'s assignee."""
+        if card is None:
+            row = conn.execute("SELECT COUNT(*) FROM kanban_runs WHERE outcome IS NULL")
+        else:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
+                " WHERE r.outcome IS NULL AND c.assignee = ?",
+                (card.assignee,),
+            )
+        return int(row.fetchone()[0])
+
+    def _load_card(self, conn: SqlConnection, card_id: str) -> Card:
         row = conn.execute(
             f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE id = ?",  # noqa: S608
             (card_id,),
@@ -131,29 +192,19 @@ class SqliteBoardStore(BoardStore):
         return card_of(row, self._parents(conn, [card_id]).get(card_id, []))
 
     @staticmethod
-    def _load_run(conn: sqlite3.Connection, run_id: str) -> Run:
+    def _load_run(conn: SqlConnection, run_id: str) -> Run:
         row = conn.execute("SELECT * FROM kanban_runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise NotFoundError("run", run_id)
         return run_of(row)
 
     @staticmethod
-    def _parents_done(conn: sqlite3.Connection, card_id: str) -> bool:
+    def _parents_done(conn: SqlConnection, card_id: str) -> bool:
         row = conn.execute(_UNDONE_PARENTS_SQL, (card_id,)).fetchone()
         return int(row[0]) == 0
 
     def _resolve(self, text: str, prefix: str, kind: str, table: str, column: str) -> str:
-        given = text.strip()
-        body = (given[len(prefix) :] if given.startswith(prefix) else given).lower()
-        if not HEX.fullmatch(body):
-            raise BadCard(
-                f"{kind} id",
-                text,
-                f"{kind} ids look like {prefix}1a2b3c4d5e",
-                remedy=f"copy the id from 'dispatch kanban list' (at least {MIN_PREFIX} "
-                "characters)",
-            )
-        full = prefix + body
+        full = rules.id_wanted(text, prefix, kind)
         with self.db.read() as conn:
             exact = conn.execute(
                 f"SELECT {column} FROM {table} WHERE {column} = ?",  # noqa: S608 - constants
@@ -161,16 +212,11 @@ class SqliteBoardStore(BoardStore):
             ).fetchone()
             if exact is not None:
                 return str(exact[0])
-            if len(given) < MIN_PREFIX or not body:
-                raise BadCard(
-                    f"{kind} id",
-                    text,
-                    f"too short: give at least {MIN_PREFIX} characters of the id",
-                )
+            rules.check_prefix_length(text, kind)
+            match = self.PREFIX_MATCH.format(column=column)
             rows = conn.execute(
-                f"SELECT {column} FROM {table} WHERE {column} GLOB ? ORDER BY {column}"  # noqa: S608
-                " LIMIT 50",
-                (full + "*",),
+                f"SELECT {column} FROM {table} WHERE {match} ORDER BY {column} LIMIT 50",  # noqa: S608
+                (full,),
             ).fetchall()
         if not rows:
             raise NotFoundError(kind, text)
@@ -219,22 +265,10 @@ class SqliteBoardStore(BoardStore):
                     "INSERT INTO kanban_parents (card_id, parent_id) VALUES (?, ?)",
                     (card_id, parent),
                 )
-            status = CardStatus.READY if self._parents_done(conn, card_id) else CardStatus.TODO
+            status = rules.status_after_parents(self._parents_done(conn, card_id))
             if status is CardStatus.READY:
                 conn.execute("UPDATE kanban_cards SET status = 'ready' WHERE id = ?", (card_id,))
-            self._event(
-                conn,
-                card_id,
-                EventKind.CREATED,
-                {
-                    "title": new.title,
-                    "assignee": new.assignee,
-                    "priority": new.priority,
-                    "parents": list(dict.fromkeys(new.parents)),
-                    "status": status.value,
-                },
-                now,
-            )
+            self._event(conn, card_id, EventKind.CREATED, rules.created_data(new, status), now)
             self._bump(conn)
             return self._load_card(conn, card_id), True
 
@@ -273,27 +307,12 @@ class SqliteBoardStore(BoardStore):
         return [card_of(row, parents.get(row["id"], [])) for row in rows]
 
     def edit_card(self, card_id: str, edit: CardEdit, *, now: float) -> Card:
-        changed = edit.changed()
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
-            if card.status is CardStatus.ARCHIVED:
-                raise WrongStatus(card_id, card.status.value, "edit")
-            if not changed:
+            change = rules.edit_change(card, edit)
+            if change is None:
                 return card
-            fields = dict(changed)
-            if "assignee" in fields:
-                # A new assignee earns its own "unknown assignee" note if it is missing too.
-                fields["assignee_noted"] = False
-            self._update(conn, card_id, fields, now)
-            self._event(
-                conn,
-                card_id,
-                EventKind.EDITED,
-                {"fields": sorted(changed), **{k: v for k, v in changed.items() if k != "body"}},
-                now,
-            )
-            self._bump(conn)
-            return self._load_card(conn, card_id)
+            return self._apply(conn, card_id, change, now)
 
     # -- runs and events ---------------------------------------------------------------------
 
@@ -375,17 +394,7 @@ class SqliteBoardStore(BoardStore):
                 self._event(conn, row[0], EventKind.PROMOTED, {"reason": "parents done"}, now)
                 done.append((row[0], EventKind.PROMOTED))
             for row in conn.execute(expired_sql, (now,)).fetchall():
-                self._update(
-                    conn,
-                    row[0],
-                    {
-                        "status": CardStatus.READY,
-                        "block_kind": None,
-                        "blocked_until": None,
-                        "tempfail_count": 0,
-                    },
-                    now,
-                )
+                self._update(conn, row[0], rules.EXPIRED_BLOCK_FIELDS, now)
                 self._event(
                     conn, row[0], EventKind.UNBLOCKED, {"reason": "transient block ended"}, now
                 )
@@ -414,29 +423,21 @@ class SqliteBoardStore(BoardStore):
     ) -> Claim:
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
-            if card.status is not CardStatus.READY or card.current_run_id is not None:
-                return Claim(verdict=ClaimVerdict.NOT_READY)
             paused = conn.execute("SELECT value FROM kanban_meta WHERE key = 'paused'").fetchone()
-            if paused is not None and paused[0]:
-                return Claim(verdict=ClaimVerdict.PAUSED)
-            if card.retry_at is not None and card.retry_at > now:
-                return Claim(verdict=ClaimVerdict.BACKOFF)
-            cooling = card.cooldown_until is not None and card.cooldown_until > now
-            if cooling and not ignore_cooldown:
-                return Claim(verdict=ClaimVerdict.COOLDOWN)
-            running = conn.execute(
-                "SELECT COUNT(*) FROM kanban_runs WHERE outcome IS NULL"
-            ).fetchone()[0]
-            if running >= limits.max_in_progress:
-                return Claim(verdict=ClaimVerdict.BUDGET)
-            if limits.assignee_max is not None:
-                mine = conn.execute(
-                    "SELECT COUNT(*) FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
-                    " WHERE r.outcome IS NULL AND c.assignee = ?",
-                    (card.assignee,),
-                ).fetchone()[0]
-                if mine >= limits.assignee_max:
-                    return Claim(verdict=ClaimVerdict.ASSIGNEE_BUDGET)
+            refusal = rules.claim_refusal(
+                card,
+                paused=bool(paused is not None and paused[0]),
+                now=now,
+                ignore_cooldown=ignore_cooldown,
+            )
+            if refusal is None:
+                mine = None if limits.assignee_max is None else self._open_count(conn, card)
+                host = None if limits.host_max is None else self._host_open_count(conn)
+                refusal = rules.budget_refusal(
+                    limits, running=self._open_count(conn), mine=mine, host=host
+                )
+            if refusal is not None:
+                return Claim(verdict=refusal)
             attempt = (
                 conn.execute(
                     "SELECT COUNT(*) FROM kanban_runs WHERE card_id = ?", (card_id,)
@@ -449,6 +450,7 @@ class SqliteBoardStore(BoardStore):
                 " claimer_start) VALUES (?, ?, ?, ?, ?, ?)",
                 (run_id, card_id, attempt, now, claimer.pid, claimer.start),
             )
+            self._stamp(conn, run_id)
             cursor = conn.execute(
                 "UPDATE kanban_cards SET status = 'running', current_run_id = ?, started_at = ?,"
                 " updated_at = ?, cooldown_until = NULL, retry_at = NULL"
@@ -456,8 +458,8 @@ class SqliteBoardStore(BoardStore):
                 (run_id, now, now, card_id),
             )
             if cursor.rowcount != 1:
-                # Unreachable under BEGIN IMMEDIATE; kept as the compare-and-set guard.
-                raise sqlite3.IntegrityError(f"claim of {card_id} lost its compare-and-set")
+                # Unreachable under the write lock; kept as the compare-and-set guard.
+                raise RuntimeError(f"claim of {card_id} lost its compare-and-set")
             self._event(
                 conn,
                 card_id,
@@ -480,7 +482,7 @@ class SqliteBoardStore(BoardStore):
     ) -> bool:
         with self.db.write() as conn:
             run = self._load_run(conn, run_id)
-            if not run.open or run.session_id is not None:
+            if not run.open or run.session_id is not None or not self._fenced(conn, run_id):
                 return False
             conn.execute(
                 "UPDATE kanban_runs SET session_id = ?, placement = ?, unit = ?, started_at = ?"
@@ -502,35 +504,49 @@ class SqliteBoardStore(BoardStore):
         self, run_id: str, result: RunResult, decide: Decide, *, now: float
     ) -> tuple[Run, Card] | None:
         with self.db.write() as conn:
-            run = self._load_run(conn, run_id)
-            if not run.open:
-                return None
-            card = self._load_card(conn, run.card_id)
-            change = decide(card, run)
-            conn.execute(
-                "UPDATE kanban_runs SET outcome = ?, exit_code = ?, signal = ?, error = ?,"
-                " infrastructure = ?, ended_at = ?, session_id = COALESCE(session_id, ?)"
-                " WHERE run_id = ? AND outcome IS NULL",
-                (
-                    result.outcome.value,
-                    result.exit_code,
-                    result.signal,
-                    result.error,
-                    int(result.infrastructure),
-                    now,
-                    result.session_id,
-                    run_id,
-                ),
-            )
-            fields = dict(change.fields)
-            if card.current_run_id == run_id:
-                fields["current_run_id"] = None
-            if fields:
-                self._update(conn, card.id, fields, now)
-            for kind, data in change.events:
-                self._event(conn, card.id, kind, data, now, run_id)
-            self._bump(conn)
-            return self._load_run(conn, run_id), self._load_card(conn, card.id)
+            return self._close(conn, run_id, result, decide, now)
+
+    def _close(
+        self,
+        conn: SqlConnection,
+        run_id: str,
+        result: RunResult,
+        decide: Decide,
+        now: float,
+        *,
+        fence: bool = True,
+    ) -> tuple[Run, Card] | None:
+        """:meth:`close_run` inside the caller's write transaction (``fence=False``: a rescue
+        closing a run whose host lost it)."""
+        run = self._load_run(conn, run_id)
+        if not run.open or (fence and not self._fenced(conn, run_id)):
+            return None
+        card = self._load_card(conn, run.card_id)
+        change = decide(card, run)
+        conn.execute(
+            "UPDATE kanban_runs SET outcome = ?, exit_code = ?, signal = ?, error = ?,"
+            " infrastructure = ?, ended_at = ?, session_id = COALESCE(session_id, ?)"
+            " WHERE run_id = ? AND outcome IS NULL",
+            (
+                result.outcome.value,
+                result.exit_code,
+                result.signal,
+                result.error,
+                int(result.infrastructure),
+                now,
+                result.session_id,
+                run_id,
+            ),
+        )
+        fields = dict(change.fields)
+        if card.current_run_id == run_id:
+            fields["current_run_id"] = None
+        if fields:
+            self._update(conn, card.id, fields, now)
+        for kind, data in change.events:
+            self._event(conn, card.id, kind, data, now, run_id)
+        self._bump(conn)
+        return self._load_run(conn, run_id), self._load_card(conn, card.id)
 
     # -- fenced worker commands --------------------------------------------------------------
 
@@ -546,102 +562,38 @@ class SqliteBoardStore(BoardStore):
         reason: str | None = None,
         result: str | None = None,
     ) -> Card:
-        if status not in (CardStatus.DONE, CardStatus.BLOCKED, CardStatus.REVIEW):
-            raise ValueError(f"a worker cannot move its card to {status}")
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
             row = conn.execute(
                 "SELECT card_id, outcome FROM kanban_runs WHERE run_id = ?", (run_id,)
             ).fetchone()
-            if (
-                row is None
-                or row["card_id"] != card_id
-                or row["outcome"] is not None
-                or card.current_run_id != run_id
-            ):
-                raise StaleRun(card_id, run_id, current=card.current_run_id)
-            if card.status is not CardStatus.RUNNING:
-                raise WrongStatus(
-                    card_id,
-                    card.status.value,
-                    {"done": "complete", "blocked": "block", "review": "review"}[status.value],
-                    remedy="the worker already reported on this card; nothing was changed",
-                )
-            fields: dict[str, Any] = {"status": status}
-            data: dict[str, Any] = {"by": "worker"}
-            kind = EventKind.REVIEW
-            if status is CardStatus.DONE:
-                fields |= {
-                    "completed_at": now,
-                    "result": result,
-                    "consecutive_failures": 0,
-                    "tempfail_count": 0,
-                    "last_failure_error": None,
-                }
-                kind = EventKind.COMPLETED
-                if result is not None:
-                    data["result"] = result
-            elif status is CardStatus.BLOCKED:
-                fields |= {"block_kind": block_kind, "blocked_until": blocked_until}
-                kind = EventKind.BLOCKED
-                data |= {
-                    "block_kind": block_kind.value if block_kind else None,
-                    "reason": reason,
-                    "until": blocked_until,
-                }
-            self._update(conn, card_id, fields, now)
-            self._event(conn, card_id, kind, data, now, run_id)
-            self._bump(conn)
-            return self._load_card(conn, card_id)
+            change = rules.worker_move_change(
+                card,
+                run_id,
+                run_card_id=None if row is None else row["card_id"],
+                run_open=row is not None and row["outcome"] is None and self._fenced(conn, run_id),
+                status=status,
+                now=now,
+                block_kind=block_kind,
+                blocked_until=blocked_until,
+                reason=reason,
+                result=result,
+            )
+            return self._apply(conn, card_id, change, now, run_id)
 
     # -- operator commands -------------------------------------------------------------------
 
     def unblock(self, card_id: str, *, now: float) -> Card:
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
-            if card.status is not CardStatus.BLOCKED:
-                raise WrongStatus(card_id, card.status.value, "unblock")
-            status = CardStatus.READY if self._parents_done(conn, card_id) else CardStatus.TODO
-            self._update(
-                conn,
-                card_id,
-                {
-                    "status": status,
-                    "block_kind": None,
-                    "blocked_until": None,
-                    "consecutive_failures": 0,
-                    "tempfail_count": 0,
-                    "retry_at": None,
-                    "cooldown_until": None,
-                },
-                now,
-            )
-            self._event(
-                conn,
-                card_id,
-                EventKind.UNBLOCKED,
-                {"by": "operator", "status": status.value},
-                now,
-            )
-            self._bump(conn)
-            return self._load_card(conn, card_id)
+            change = rules.unblock_change(card, parents_done=self._parents_done(conn, card_id))
+            return self._apply(conn, card_id, change, now)
 
     def move(self, card_id: str, status: CardStatus, *, now: float) -> Card:
-        if status not in MOVE_TARGETS:
-            raise BadCard(
-                "status",
-                str(status),
-                "cards can be moved to " + ", ".join(s.value for s in MOVE_TARGETS),
-                remedy="'running' is reached only by a claim; use 'archive' to archive",
-            )
+        rules.check_move_target(status)
         with self.db.write() as conn:
             card = self._load_card(conn, card_id)
-            if card.current_run_id is not None:
-                raise WrongStatus(
-                    card_id,
-                    f"{card.status.value} with the open run {card.current_run_id}",
-                    "move",
-                )
+            rules.refuse_with_open_run(card, "move")
             if card.status is status:
                 return card
             self._update(conn, card_id, move_fields(card, status, now), now)
@@ -660,12 +612,7 @@ class SqliteBoardStore(BoardStore):
             card = self._load_card(conn, card_id)
             if card.status is CardStatus.ARCHIVED:
                 return card
-            if card.current_run_id is not None:
-                raise WrongStatus(
-                    card_id,
-                    f"{card.status.value} with the open run {card.current_run_id}",
-                    "archive",
-                )
+            rules.refuse_with_open_run(card, "archive")
             self._update(conn, card_id, {"status": CardStatus.ARCHIVED}, now)
             self._event(conn, card_id, EventKind.ARCHIVED, {"from": card.status.value}, now)
             self._bump(conn)
@@ -704,3 +651,10 @@ class SqliteBoardStore(BoardStore):
         for row in rows:
             counts[CardStatus(row[0])] = int(row[1])
         return counts
+
+
+class SqliteBoardStore(SqlBoardStore):
+    """The board in the host's state database (component ``kanban``): the embedded default."""
+
+    def __init__(self, db: StateDB) -> None:
+        super().__init__(db)

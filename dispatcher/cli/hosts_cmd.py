@@ -1,0 +1,86 @@
+"""`dispatch hosts`: the hosts of a cluster, their leases and clock skew.
+
+``dispatch hosts [--json]`` lists every host that ever joined the cluster database named by
+``cluster.database`` (or ``DISPATCH_DATABASE_URL``): host id, boot id, version, last heartbeat,
+lease state (``live`` or ``expired``, on the database clock), epoch, open runs and the clock
+skew the host measured. Without a cluster database it says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dispatcher.cli.context import Context
+from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.timefmt import iso, short
+from scope.foundation.errors import UsageError
+
+DESCRIPTION = (
+    "List the hosts of the cluster database: lease state (live or expired, on the database "
+    "clock), last heartbeat, epoch, open runs and measured clock skew."
+)
+
+
+def register(subparsers: Subparsers, common: Parser) -> None:
+    """Add the `hosts` command."""
+    parser = add_group(subparsers, "hosts", common, description=DESCRIPTION)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, ctx: Context) -> int:
+    """List the hosts."""
+    # The driver is imported only for this command (the CLI's start-up stays light).
+    from dispatcher.cluster.database import ClusterDB, password_from_file
+    from dispatcher.cluster.hosts import Hosts
+
+    cluster = ctx.settings.cluster
+    url = cluster.url(ctx.environ)
+    if url is None:
+        raise UsageError(
+            "no cluster database is configured (this host runs alone on SQLite)",
+            remedy="set cluster.database in config.yaml or DISPATCH_DATABASE_URL",
+        )
+    password = None
+    if cluster.password_file:
+        password = password_from_file(Path(cluster.password_file))
+    with ClusterDB(url, password=password, max_size=1) as db:
+        rows = Hosts(db, lease_ttl=cluster.lease_ttl).rows()
+        with db.read() as conn:
+            open_runs = {
+                r[0]: int(r[1])
+                for r in conn.execute(
+                    "SELECT host_id, count(*) FROM kanban_runs WHERE outcome IS NULL"
+                    " AND host_id IS NOT NULL GROUP BY host_id"
+                ).fetchall()
+            }
+    hosts = [_host_json(row, open_runs.get(row.host_id, 0)) for row in rows]
+    if args.json:
+        ctx.emit_json(hosts)
+        return 0
+    if not hosts:
+        ctx.out("no host has joined this cluster yet")
+        return 0
+    ctx.out(f"{'HOST':<20} {'LEASE':<8} {'HEARTBEAT':<12} {'EPOCH':>5} {'RUNS':>5} {'SKEW':>7}")
+    for row, shown in zip(rows, hosts, strict=True):
+        skew = "-" if row.skew is None else f"{row.skew:+.2f}s"
+        ctx.out(
+            f"{row.host_id:<20} {shown['lease']:<8} {short(row.heartbeat_at):<12} "
+            f"{row.epoch:>5} {shown['running_runs']:>5} {skew:>7}"
+        )
+    return 0
+
+
+def _host_json(row: Any, running: int) -> dict[str, Any]:
+    return {
+        "host_id": row.host_id,
+        "boot_id": row.boot_id,
+        "version": row.version,
+        "epoch": row.epoch,
+        "last_heartbeat": iso(row.heartbeat_at),
+        "lease_until": iso(row.lease_until),
+        "lease": "live" if row.live else "expired",
+        "running_runs": running,
+        "skew": row.skew,
+    }

@@ -1,0 +1,156 @@
+"""The cluster database's tables and their versioned migrations.
+
+The same tables as the board and the ledger in SQLite (so ``dispatch state migrate`` copies rows
+as they are), with the same column types where the shared SQL cares: epoch seconds are
+``double precision`` and flags are 0/1 integers, so one query reads the same record from either
+backend; the event sequence and ledger ids are identity columns.
+Each step is applied once, in order, under an advisory lock, and recorded in ``dispatch_schema``;
+a database whose recorded version is newer than :data:`VERSION` is refused untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+BOARD = """
+CREATE TABLE kanban_cards (
+    id text PRIMARY KEY,
+    title text NOT NULL,
+    body text NOT NULL DEFAULT '',
+    assignee text NOT NULL,
+    status text NOT NULL,
+    priority integer NOT NULL DEFAULT 0,
+    created_at double precision NOT NULL,
+    updated_at double precision NOT NULL,
+    started_at double precision,
+    completed_at double precision,
+    consecutive_failures integer NOT NULL DEFAULT 0,
+    failure_limit integer,
+    last_failure_error text,
+    block_kind text,
+    blocked_until double precision,
+    current_run_id text,
+    idempotency_key text UNIQUE,
+    tempfail_count integer NOT NULL DEFAULT 0,
+    retry_at double precision,
+    cooldown_until double precision,
+    result text,
+    assignee_noted integer NOT NULL DEFAULT 0
+);
+CREATE INDEX kanban_cards_pick ON kanban_cards (priority DESC, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL;
+CREATE INDEX kanban_cards_status ON kanban_cards (status);
+CREATE TABLE kanban_parents (
+    card_id text NOT NULL REFERENCES kanban_cards (id),
+    parent_id text NOT NULL REFERENCES kanban_cards (id),
+    position bigint GENERATED ALWAYS AS IDENTITY,
+    PRIMARY KEY (card_id, parent_id)
+);
+CREATE INDEX kanban_parents_parent ON kanban_parents (parent_id);
+CREATE TABLE kanban_runs (
+    run_id text PRIMARY KEY,
+    card_id text NOT NULL REFERENCES kanban_cards (id),
+    attempt integer NOT NULL,
+    outcome text,
+    exit_code integer,
+    signal text,
+    session_id text,
+    placement text,
+    unit text,
+    claimed_at double precision NOT NULL,
+    started_at double precision,
+    ended_at double precision,
+    error text,
+    infrastructure integer NOT NULL DEFAULT 0,
+    claimer_pid integer,
+    claimer_start bigint,
+    host_id text,
+    epoch bigint
+);
+CREATE INDEX kanban_runs_card ON kanban_runs (card_id, attempt);
+CREATE INDEX kanban_runs_open ON kanban_runs (card_id) WHERE outcome IS NULL;
+CREATE INDEX kanban_runs_session ON kanban_runs (session_id);
+CREATE TABLE kanban_events (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    card_id text NOT NULL,
+    run_id text,
+    kind text NOT NULL,
+    at double precision NOT NULL,
+    data text NOT NULL DEFAULT '{}'
+);
+CREATE INDEX kanban_events_card ON kanban_events (card_id, seq);
+CREATE FUNCTION kanban_events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'kanban events are append-only';
+END $$;
+CREATE TRIGGER kanban_events_append_only BEFORE UPDATE ON kanban_events
+    FOR EACH ROW EXECUTE FUNCTION kanban_events_append_only();
+CREATE TABLE kanban_meta (
+    key text PRIMARY KEY,
+    value bigint NOT NULL
+);
+INSERT INTO kanban_meta (key, value) VALUES ('board_version', 0), ('paused', 0);
+"""
+
+LEDGER = """
+CREATE TABLE cron_fires (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    fire_key text NOT NULL UNIQUE,
+    job_id text NOT NULL,
+    kind text NOT NULL,
+    nominal_wall text NOT NULL,
+    fold integer NOT NULL DEFAULT 0,
+    zone text NOT NULL,
+    nominal double precision NOT NULL,
+    decided_at double precision NOT NULL,
+    due_at double precision,
+    actual double precision,
+    status text NOT NULL,
+    outcome text,
+    catch_up integer NOT NULL DEFAULT 0,
+    jitter double precision NOT NULL DEFAULT 0,
+    placement text,
+    session_id text,
+    exit_code integer,
+    signal text,
+    started_at double precision,
+    ended_at double precision,
+    error text,
+    infrastructure integer NOT NULL DEFAULT 0,
+    log_path text,
+    claimant text,
+    on_failure_session text,
+    host_id text
+);
+CREATE INDEX cron_fires_job ON cron_fires (job_id, id);
+CREATE INDEX cron_fires_open ON cron_fires (status, job_id) WHERE status != 'done';
+CREATE INDEX cron_fires_session ON cron_fires (session_id) WHERE session_id IS NOT NULL;
+CREATE TABLE cron_jobs (
+    job_id text PRIMARY KEY,
+    watermark double precision,
+    paused integer,
+    paused_at double precision,
+    updated_at double precision NOT NULL
+);
+"""
+
+HOSTS = """
+CREATE TABLE hosts (
+    host_id text PRIMARY KEY,
+    boot_id text NOT NULL,
+    version text NOT NULL,
+    epoch bigint NOT NULL,
+    started_at timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL,
+    lease_until timestamptz NOT NULL,
+    skew double precision
+);
+"""
+
+MIGRATIONS: Sequence[tuple[int, str, str]] = (
+    (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
+)
+"""(version, note, SQL) in order; append new steps, never edit a released one."""
+
+VERSION = MIGRATIONS[-1][0]
+"""The schema version this code writes and understands."""

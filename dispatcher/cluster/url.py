@@ -1,0 +1,39 @@
+"""Cluster database URLs as users see them: checked, and never shown with a password.
+
+Kept apart from :mod:`dispatcher.cluster.database` so that reading the config (``config show``,
+every CLI start) does not import the PostgreSQL driver.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from scope.foundation.errors import ConfigError
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (and without a query string, which may carry one)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable database URL>"
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit((parts.scheme, user + host, parts.path, "", ""))
+
+
+def check_url(url: str) -> str:
+    """The URL if it is a ``postgresql://`` URL, else a one-line ConfigError naming the fix."""
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError:
+        scheme = ""
+    if scheme not in ("postgresql", "postgres"):
+        raise ConfigError(
+            f"not a postgresql:// URL: {redact(url)!r}",
+            key="cluster.database",
+            remedy="write it as postgresql://USER@HOST:PORT/DBNAME",
+        )
+    return url

@@ -1,0 +1,126 @@
+"""Cluster wake-ups: LISTEN/NOTIFY with a self-ping, so a silent connection cannot stall a host.
+
+Every board change sends ``NOTIFY dispatch_board`` in its own transaction (see
+:class:`dispatcher.cluster.board.PgBoardStore`), so a card added on any host reaches every
+listening host as soon as it commits. One :class:`Listener` per host holds one dedicated
+connection (outside the pool) in a daemon thread and calls ``on_wake`` for each notification.
+
+A LISTEN connection can go half-open (a NAT or a failover drops it without a FIN) and then
+receives nothing, for hours, without an error. So the listener pings its own channel every
+``ping_every`` seconds through the *pool* (the path other hosts' notifications take) and
+reconnects when the ping has not come back within ``ping_timeout``. The gateway also polls the
+board version as a fallback, so a lost notification costs at most one poll interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from dispatcher.cluster.database import ClusterDB, ClusterError, redact
+
+CHANNEL = "dispatch_board"
+log = logging.getLogger(__name__)
+
+
+class Listener:
+    """One LISTEN connection with a self-ping (see the module docstring)."""
+
+    def __init__(
+        self,
+        db: ClusterDB,
+        on_wake: Callable[[], None],
+        *,
+        ping_every: float = 10.0,
+        ping_timeout: float = 5.0,
+        retry: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.db = db
+        self.on_wake = on_wake
+        self.ping_every = ping_every
+        self.ping_timeout = ping_timeout
+        self.retry = retry
+        self.clock = clock
+        self.connects = 0
+        """How many times the listener (re)connected (1 after a clean start)."""
+        self.connected = threading.Event()
+        self._stop = threading.Event()
+        self._token = ""
+        self._pinged_at: float | None = None
+        self._thread = threading.Thread(target=self._run, name="dispatch-listen", daemon=True)
+
+    def start(self) -> None:
+        """Start listening in the background."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop and wait (bounded) for the thread."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._listen_once()
+            except (psycopg.Error, OSError, ClusterError) as err:
+                self.connected.clear()
+                log.warning(
+                    "cluster wake: lost the LISTEN connection to %s (%s); reconnecting",
+                    redact(self.db.url),
+                    str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__,
+                )
+            self._stop.wait(self.retry)
+
+    def _listen_once(self) -> None:
+        conn = psycopg.connect(self.db.url, autocommit=True, **self._options())
+        try:
+            conn.execute(f"LISTEN {CHANNEL}")
+            self.connects += 1
+            self.connected.set()
+            # Something may have changed while we were not listening.
+            self.on_wake()
+            self._pinged_at = None
+            next_ping = self.clock() + self.ping_every
+            while not self._stop.is_set():
+                for note in conn.notifies(timeout=0.5, stop_after=64):
+                    self._received(note.payload)
+                now = self.clock()
+                if self._pinged_at is not None and now - self._pinged_at > self.ping_timeout:
+                    raise OSError(f"self-ping not returned within {self.ping_timeout:g} s")
+                if self._pinged_at is None and now >= next_ping:
+                    self._ping()
+                    next_ping = now + self.ping_every
+        finally:
+            self.connected.clear()
+            conn.close()
+
+    def _received(self, payload: str) -> None:
+        if payload.startswith("ping:"):
+            if payload == self._token:
+                self._pinged_at = None
+            return
+        self.on_wake()
+
+    def _ping(self) -> None:
+        self._token = "ping:" + secrets.token_hex(8)
+        self._pinged_at = self.clock()
+        with self.db.read() as conn:
+            conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, self._token))
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "connect_timeout": 10,
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "application_name": "dispatch-listen",
+            **self.db.extra_options,
+        }

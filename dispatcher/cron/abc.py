@@ -1,0 +1,122 @@
+"""The cron ledger's contract: one row per fire decision, and per-job scheduling state.
+
+What every ledger backend promises (SQLite now, :class:`dispatcher.cron.ledger.Ledger`; a
+PostgreSQL one for cluster mode later), checked by ``tests/contracts/test_ledger.py``:
+
+* a fire key is unique: inserting a row whose key is already present inserts nothing and says
+  so (``None``), so any number of schedulers may try the same fire and exactly one owns it;
+* every change of a row's status is a compare-and-set on the status it is expected to have;
+* a job's watermark only moves forward; resuming a paused job moves it to the resume time;
+* a transaction (:meth:`LedgerStore.transaction`) commits every decision of a tick together, or
+  none of them.
+
+The records (:class:`~dispatcher.cron.ledger.FireRecord`, :class:`~dispatcher.cron.ledger.JobState`)
+and the row status enum live beside the SQLite ledger, which was first.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dispatcher.cron.ledger import FireRecord, JobState, Status
+
+
+class LedgerTx(abc.ABC):
+    """The operations of one write transaction (see :meth:`LedgerStore.transaction`)."""
+
+    @abc.abstractmethod
+    def job_states(self, job_ids: Sequence[str] | None = None) -> dict[str, JobState]:
+        """The state rows of ``job_ids`` (all when None)."""
+
+    @abc.abstractmethod
+    def all_open_rows(self) -> list[FireRecord]:
+        """Every row that is not done, oldest first."""
+
+    @abc.abstractmethod
+    def open_rows(self, job_id: str) -> list[FireRecord]:
+        """The job's rows that are not done, oldest first."""
+
+    @abc.abstractmethod
+    def set_watermark(self, job_id: str, watermark: float, now: float) -> None:
+        """Move the job's watermark forward (never back)."""
+
+    @abc.abstractmethod
+    def set_watermarks(self, job_ids: Sequence[str], watermark: float) -> None:
+        """Move several jobs' watermarks forward to ``watermark`` (never back)."""
+
+    @abc.abstractmethod
+    def existing_keys(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` are already in the ledger."""
+
+    @abc.abstractmethod
+    def insert_many(self, rows: Sequence[dict[str, Any]]) -> list[int]:
+        """Insert rows whose keys this transaction checked to be new; their ids in order."""
+
+    @abc.abstractmethod
+    def insert(self, **values: Any) -> int | None:
+        """Insert a row; None (nothing changed) when its fire key is already in the ledger."""
+
+    @abc.abstractmethod
+    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
+        """Compare-and-set: change the row only if its status is one of ``expect``."""
+
+
+class LedgerStore(abc.ABC):
+    """Reads and writes the cron ledger (see the module docstring)."""
+
+    @abc.abstractmethod
+    def transaction(self) -> AbstractContextManager[LedgerTx]:
+        """One write transaction: every decision of a tick commits (or not) together."""
+
+    @abc.abstractmethod
+    def job_states(self) -> dict[str, JobState]:
+        """Every job's state row."""
+
+    @abc.abstractmethod
+    def set_paused(self, job_id: str, paused: bool, now: float) -> bool:
+        """Pause or resume; False when the job already was in that state. Resuming moves the
+        watermark to ``now`` so fires that fell in the pause are neither run nor missed."""
+
+    @abc.abstractmethod
+    def get(self, row_id: int) -> FireRecord:
+        """The row with this id (KeyError when absent)."""
+
+    @abc.abstractmethod
+    def get_many(self, row_ids: Sequence[int]) -> list[FireRecord]:
+        """The rows with these ids, in the order given (missing ids are left out)."""
+
+    @abc.abstractmethod
+    def by_key(self, fire_key: str) -> FireRecord | None:
+        """The row with this fire key, if any."""
+
+    @abc.abstractmethod
+    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
+        """Compare-and-set on the status, in its own transaction."""
+
+    @abc.abstractmethod
+    def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
+        """Rows that are not done (optionally only these statuses), oldest first."""
+
+    @abc.abstractmethod
+    def count_workers(self) -> int:
+        """Cron workers running or being started, across every process on the ledger."""
+
+    @abc.abstractmethod
+    def history(self, job_id: str | None = None, limit: int = 50) -> list[FireRecord]:
+        """The newest ``limit`` rows (of one job, or all), newest first."""
+
+    @abc.abstractmethod
+    def last_rows(self) -> dict[str, FireRecord]:
+        """The newest row of every job that has one."""
+
+    @abc.abstractmethod
+    def prune(self, cutoff: float, *, chunk: int = 1000) -> int:
+        """Delete finished rows decided before ``cutoff``, keeping every job's newest row."""
+
+    @abc.abstractmethod
+    def known_job(self, job_id: str) -> bool:
+        """Whether the ledger has any row or state for ``job_id``."""

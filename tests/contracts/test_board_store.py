@@ -1,0 +1,339 @@
+"""The board-store contract, run against every implementation (in memory, SQLite).
+
+Ids, idempotency, parents, compare-and-set claims, budgets, fences, events and the board
+version: what :class:`dispatcher.kanban.abc.BoardStore` promises, whatever stores the board.
+Behaviour only one backend has (SQLite's append-only trigger, several connections) is tested
+beside that backend (tests/test_kanban_store.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dispatcher.cluster.board import PgBoardStore
+from dispatcher.cluster.database import ClusterDB
+from dispatcher.database import open_state
+from dispatcher.kanban.abc import BoardStore, ClaimVerdict
+from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
+from dispatcher.kanban.memory import MemoryBoardStore
+from dispatcher.kanban.model import (
+    BlockKind,
+    CardChange,
+    CardEdit,
+    CardStatus,
+    Claimer,
+    EventKind,
+    Limits,
+    NewCard,
+    RunOutcome,
+    RunResult,
+)
+from dispatcher.kanban.store import SqliteBoardStore
+from registry.errors import AmbiguousId
+from scope.foundation.errors import NotFoundError
+
+NOW = 1_800_000_000.0
+ME = Claimer(pid=1, start=1)
+WIDE = Limits(max_in_progress=100)
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BoardStore]:
+    if request.param == "memory":
+        yield MemoryBoardStore()
+    elif request.param == "sqlite":
+        with open_state(tmp_path / "state") as db:
+            yield SqliteBoardStore(db)
+    else:
+        with ClusterDB(request.getfixturevalue("pg_url")) as cluster:
+            cluster.migrate()
+            yield PgBoardStore(cluster)
+
+
+def add(store: BoardStore, title: str = "t", **kw: object) -> str:
+    card, created = store.add_card(NewCard(title=title, assignee="a", **kw), now=NOW)  # type: ignore[arg-type]
+    assert created
+    return card.id
+
+
+def test_add_stores_a_ready_card_with_a_created_event(store: BoardStore) -> None:
+    card_id = add(store, "hello", body="b", priority=3)
+    card = store.get_card(card_id)
+    assert card.id.startswith("c_") and len(card.id) == 12
+    assert (card.title, card.body, card.priority, card.status) == (
+        "hello",
+        "b",
+        3,
+        CardStatus.READY,
+    )
+    assert [e.kind for e in store.events_of(card_id)] == ["created"]
+
+
+def test_idempotency_key_returns_the_existing_card(store: BoardStore) -> None:
+    first, created = store.add_card(NewCard(title="x", assignee="a", idempotency_key="k"), now=NOW)
+    again, created_again = store.add_card(
+        NewCard(title="other", assignee="a", idempotency_key="k"), now=NOW + 1
+    )
+    assert created and not created_again
+    assert again.id == first.id and again.title == "x"
+    assert len(store.list_cards()) == 1
+
+
+def test_children_wait_in_todo_until_parents_are_done(store: BoardStore) -> None:
+    parent = add(store, "parent")
+    child = add(store, "child", parents=(parent,))
+    assert store.get_card(child).status is CardStatus.TODO
+    assert store.get_card(child).parents == (parent,)
+    assert store.promote(now=NOW) == []
+    store.move(parent, CardStatus.DONE, now=NOW)
+    assert store.promote(now=NOW) == [(child, EventKind.PROMOTED)]
+    assert store.get_card(child).status is CardStatus.READY
+
+
+def test_an_unknown_parent_stores_nothing(store: BoardStore) -> None:
+    with pytest.raises(NotFoundError):
+        store.add_card(NewCard(title="x", assignee="a", parents=("c_ffffffffff",)), now=NOW)
+    assert store.list_cards() == []
+    assert store.board_version() == 0
+
+
+def test_prefix_resolution(store: BoardStore) -> None:
+    card_id = add(store)
+    assert store.resolve_card(card_id).id == card_id
+    assert store.resolve_card(card_id[:6]).id == card_id
+    assert store.resolve_card(card_id[2:7].upper()).id == card_id
+    assert store.resolve_card(card_id[:4]).id == card_id  # 4 characters as typed
+    with pytest.raises(BadCard, match="too short"):
+        store.resolve_card(card_id[:3])
+    with pytest.raises(BadCard, match="look like"):
+        store.resolve_card("c_xyz!")
+    with pytest.raises(NotFoundError):
+        store.resolve_card("c_ffffffffff" if not card_id.startswith("c_ffff") else "c_0000")
+
+
+def test_claim_is_compare_and_set(store: BoardStore) -> None:
+    card_id = add(store)
+    first = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE)
+    second = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE)
+    assert first.verdict is ClaimVerdict.CLAIMED and first.run is not None
+    assert second.verdict is ClaimVerdict.NOT_READY and second.run is None
+    card = store.get_card(card_id)
+    assert card.status is CardStatus.RUNNING and card.current_run_id == first.run.run_id
+    assert [r.run_id for r in store.open_runs()] == [first.run.run_id]
+
+
+def test_budgets_are_checked_inside_the_claim(store: BoardStore) -> None:
+    ids = [add(store, f"c{i}") for i in range(3)]
+    assert store.claim(ids[0], now=NOW, claimer=ME, limits=Limits(max_in_progress=1)).run
+    full = store.claim(ids[1], now=NOW, claimer=ME, limits=Limits(max_in_progress=1))
+    assert full.verdict is ClaimVerdict.BUDGET
+    mine = store.claim(
+        ids[1], now=NOW, claimer=ME, limits=Limits(max_in_progress=9, assignee_max=1)
+    )
+    assert mine.verdict is ClaimVerdict.ASSIGNEE_BUDGET
+
+
+def test_close_run_applies_the_decision_once(store: BoardStore) -> None:
+    card_id = add(store)
+    run = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).run
+    assert run is not None
+    assert store.record_spawn(run.run_id, session_id="s_1", placement="scoped", unit="u", now=NOW)
+    assert not store.record_spawn(
+        run.run_id, session_id="s_2", placement="scoped", unit=None, now=NOW
+    )
+    calls = []
+
+    def decide(card: object, current: object) -> CardChange:
+        calls.append(1)
+        return CardChange(fields={"status": CardStatus.DONE}, events=((EventKind.COMPLETED, {}),))
+
+    result = RunResult(outcome=RunOutcome.COMPLETED, exit_code=0)
+    closed = store.close_run(run.run_id, result, decide, now=NOW + 5)
+    assert closed is not None
+    done_run, card = closed
+    assert done_run.outcome is RunOutcome.COMPLETED and done_run.ended_at == NOW + 5
+    assert done_run.session_id == "s_1" and done_run.unit == "u"
+    assert card.status is CardStatus.DONE and card.current_run_id is None
+    assert store.close_run(run.run_id, result, decide, now=NOW + 6) is None
+    assert len(calls) == 1
+
+
+def test_worker_commands_are_fenced_by_the_run(store: BoardStore) -> None:
+    card_id = add(store)
+    run = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).run
+    assert run is not None
+    before = store.board_version()
+    with pytest.raises(StaleRun) as err:
+        store.worker_move(card_id, "r_0000000000", CardStatus.DONE, now=NOW)
+    assert err.value.exit_code == 2
+    assert store.board_version() == before
+    card = store.worker_move(
+        card_id,
+        run.run_id,
+        CardStatus.BLOCKED,
+        now=NOW,
+        block_kind=BlockKind.NEEDS_INPUT,
+        reason="which db?",
+    )
+    assert card.status is CardStatus.BLOCKED and card.block_kind is BlockKind.NEEDS_INPUT
+    with pytest.raises(WrongStatus):
+        store.worker_move(card_id, run.run_id, CardStatus.DONE, now=NOW)
+
+
+def test_move_never_touches_a_card_with_an_open_run(store: BoardStore) -> None:
+    card_id = add(store)
+    store.claim(card_id, now=NOW, claimer=ME, limits=WIDE)
+    with pytest.raises(WrongStatus):
+        store.move(card_id, CardStatus.READY, now=NOW)
+    with pytest.raises(BadCard):
+        store.move(card_id, CardStatus.RUNNING, now=NOW)
+    with pytest.raises(WrongStatus):
+        store.archive(card_id, now=NOW)
+
+
+def test_unblock_resets_counts(store: BoardStore) -> None:
+    card_id = add(store)
+    store.append_event(
+        card_id,
+        EventKind.BLOCKED,
+        {},
+        now=NOW,
+        fields={"status": CardStatus.BLOCKED, "consecutive_failures": 2, "tempfail_count": 4},
+    )
+    card = store.unblock(card_id, now=NOW)
+    assert (card.status, card.consecutive_failures, card.tempfail_count) == (
+        CardStatus.READY,
+        0,
+        0,
+    )
+    with pytest.raises(WrongStatus):
+        store.unblock(card_id, now=NOW)
+
+
+def test_transient_blocks_end_by_themselves(store: BoardStore) -> None:
+    card_id = add(store)
+    store.append_event(
+        card_id,
+        EventKind.BLOCKED,
+        {},
+        now=NOW,
+        fields={
+            "status": CardStatus.BLOCKED,
+            "block_kind": BlockKind.TRANSIENT,
+            "blocked_until": NOW + 300,
+        },
+    )
+    assert store.promote(now=NOW + 299) == []
+    assert store.promote(now=NOW + 300) == [(card_id, EventKind.UNBLOCKED)]
+    assert store.get_card(card_id).status is CardStatus.READY
+
+
+def test_edit_records_the_changed_fields(store: BoardStore) -> None:
+    card_id = add(store)
+    card = store.edit_card(card_id, CardEdit(title="new", priority=9), now=NOW)
+    assert (card.title, card.priority) == ("new", 9)
+    event = store.events_of(card_id)[-1]
+    assert event.kind == "edited" and event.data["fields"] == ["priority", "title"]
+
+
+def test_every_change_bumps_the_board_version(store: BoardStore) -> None:
+    versions = [store.board_version()]
+    card_id = add(store)
+    versions.append(store.board_version())
+    store.claim(card_id, now=NOW, claimer=ME, limits=WIDE)
+    versions.append(store.board_version())
+    store.set_paused(True)
+    versions.append(store.board_version())
+    assert versions == sorted(set(versions))
+
+
+def test_list_filters_and_hides_archived(store: BoardStore) -> None:
+    low = add(store, "low", priority=1)
+    high = add(store, "high", priority=5)
+    gone = add(store, "gone")
+    store.archive(gone, now=NOW)
+    assert [c.id for c in store.list_cards()] == [high, low]
+    assert {c.id for c in store.list_cards(include_archived=True)} == {high, low, gone}
+    assert [c.id for c in store.list_cards(statuses=[CardStatus.ARCHIVED])] == [gone]
+    assert store.list_cards(assignee="nobody") == []
+
+
+def test_ambiguous_prefix_lists_candidates(store: BoardStore) -> None:
+    # Two cards whose ids share their first two hex digits exist after at most 257 cards
+    # (pigeonhole over 256 prefixes); random ids usually collide within a few dozen.
+    by_prefix: dict[str, list[str]] = {}
+    while True:
+        card_id = add(store)
+        twins = by_prefix.setdefault(card_id[:4], [])
+        twins.append(card_id)
+        if len(twins) == 2:
+            break
+    with pytest.raises(AmbiguousId) as err:
+        store.resolve_card(twins[0][:4])
+    assert err.value.exit_code == 2
+    assert twins[0] in err.value.message and twins[1] in err.value.message
+
+
+def test_ready_cards_come_by_priority_then_age(store: BoardStore) -> None:
+    first = add(store, "first")
+    urgent = add(store, "urgent", priority=9)
+    store.add_card(NewCard(title="later", assignee="a"), now=NOW + 1)
+    taken = add(store, "taken")
+    store.claim(taken, now=NOW, claimer=ME, limits=WIDE)
+    titles = [c.title for c in store.ready_cards()]
+    assert titles[:2] == ["urgent", "first"] and titles[-1] == "later"
+    assert urgent != first and "taken" not in titles
+
+
+def test_status_counts_and_runs_of(store: BoardStore) -> None:
+    card_id = add(store)
+    add(store)
+    run = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).run
+    assert run is not None and run.attempt == 1
+    counts = store.status_counts()
+    assert counts[CardStatus.RUNNING] == 1 and counts[CardStatus.READY] == 1
+    assert [r.run_id for r in store.runs_of(card_id)] == [run.run_id]
+    assert store.get_run(run.run_id).claimer_pid == ME.pid
+    assert store.resolve_run(run.run_id[:6]).run_id == run.run_id
+    with pytest.raises(NotFoundError):
+        store.get_run("r_0000000000")
+
+
+def test_a_second_attempt_counts_up(store: BoardStore) -> None:
+    card_id = add(store)
+    run = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).run
+    assert run is not None
+    back = CardChange(fields={"status": CardStatus.READY})
+    store.close_run(run.run_id, RunResult(outcome=RunOutcome.TEMPFAIL), lambda c, r: back, now=NOW)
+    again = store.claim(card_id, now=NOW + 1, claimer=ME, limits=WIDE).run
+    assert again is not None and again.attempt == 2
+    assert [r.attempt for r in store.runs_of(card_id)] == [1, 2]
+
+
+def test_backoff_and_cooldown_refuse_a_claim_until_their_time(store: BoardStore) -> None:
+    card_id = add(store)
+    store.append_event(card_id, EventKind.EDITED, {}, now=NOW, fields={"retry_at": NOW + 10})
+    assert store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).verdict is ClaimVerdict.BACKOFF
+    store.append_event(
+        card_id,
+        EventKind.EDITED,
+        {},
+        now=NOW,
+        fields={"retry_at": None, "cooldown_until": NOW + 10},
+    )
+    refused = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE)
+    assert refused.verdict is ClaimVerdict.COOLDOWN
+    forced = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE, ignore_cooldown=True)
+    assert forced.verdict is ClaimVerdict.CLAIMED
+    assert store.get_card(card_id).cooldown_until is None
+
+
+def test_a_done_parent_that_was_archived_still_counts(store: BoardStore) -> None:
+    parent = add(store, "parent")
+    store.move(parent, CardStatus.DONE, now=NOW)
+    store.archive(parent, now=NOW)
+    child = add(store, "child", parents=(parent,))
+    assert store.get_card(child).status is CardStatus.READY

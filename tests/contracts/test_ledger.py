@@ -1,0 +1,173 @@
+"""The cron-ledger contract (:class:`dispatcher.cron.abc.LedgerStore`), run against every backend.
+
+SQLite today; cluster mode adds PostgreSQL to ``BACKENDS``. Each test states one promise the
+scheduler relies on: unique fire keys, compare-and-set status changes, watermarks that never go
+back, pause/resume, all-or-nothing transactions, history and pruning.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher.cluster.database import ClusterDB
+from dispatcher.cluster.ledger import PgLedger
+from dispatcher.cron.abc import LedgerStore
+from dispatcher.cron.ledger import Kind, Ledger, Status
+from dispatcher.database import open_state
+
+NOW = 1_800_000_000.0
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], LedgerStore]]:
+    """Opens the backend; each call is a new handle on the same ledger (another "process")."""
+    states: list[Any] = []
+    url = request.getfixturevalue("pg_url") if request.param == "postgres" else ""
+
+    def open_one() -> LedgerStore:
+        if url:
+            cluster = ClusterDB(url, max_size=1)
+            states.append(cluster)
+            cluster.migrate()
+            return PgLedger(cluster)
+        state = open_state(tmp_path / "state")
+        states.append(state)
+        return Ledger(state)
+
+    yield open_one
+    for state in states:
+        state.close()
+
+
+@pytest.fixture
+def ledger(opener: Callable[[], LedgerStore]) -> LedgerStore:
+    return opener()
+
+
+def row(job: str = "j", minute: int = 0, **extra: Any) -> dict[str, Any]:
+    """A scheduled fire's row as the scheduler inserts it."""
+    wall = f"2027-01-15T09:{minute:02d}:00"
+    return {
+        "fire_key": f"{job}@{wall}",
+        "job_id": job,
+        "kind": Kind.SCHEDULE,
+        "nominal_wall": wall,
+        "zone": "UTC",
+        "nominal": NOW + 60 * minute,
+        "decided_at": NOW + 60 * minute,
+        "status": Status.CLAIMED,
+        **extra,
+    }
+
+
+def test_a_fire_key_is_owned_by_exactly_one_insert(ledger: LedgerStore) -> None:
+    with ledger.transaction() as tx:
+        first = tx.insert(**row())
+    with ledger.transaction() as tx:
+        second = tx.insert(**row(), claimant="other")
+    assert first is not None and second is None
+    found = ledger.by_key("j@2027-01-15T09:00:00")
+    assert found is not None and found.id == first and found.claimant is None
+
+
+def test_concurrent_schedulers_run_each_fire_once(opener: Callable[[], LedgerStore]) -> None:
+    handles = [opener() for _ in range(4)]
+    barrier = threading.Barrier(len(handles))
+    won: list[int] = []
+
+    def scheduler(handle: LedgerStore) -> None:
+        barrier.wait(timeout=5)
+        for minute in range(20):
+            with handle.transaction() as tx:
+                row_id = tx.insert(**row(minute=minute))
+            if row_id is not None:
+                won.append(minute)
+
+    threads = [threading.Thread(target=scheduler, args=(h,)) for h in handles]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert sorted(won) == list(range(20))
+
+
+def test_status_changes_are_compare_and_set(ledger: LedgerStore) -> None:
+    with ledger.transaction() as tx:
+        row_id = tx.insert(**row())
+    assert row_id is not None
+    assert ledger.update(row_id, [Status.CLAIMED], status=Status.SPAWNING)
+    assert not ledger.update(row_id, [Status.CLAIMED], status=Status.RUNNING)
+    assert ledger.update(row_id, [Status.SPAWNING], status=Status.RUNNING, session_id="s_1")
+    got = ledger.get(row_id)
+    assert got.status is Status.RUNNING and got.session_id == "s_1"
+    with pytest.raises(KeyError):
+        ledger.get(row_id + 1000)
+
+
+def test_a_failed_transaction_leaves_nothing(ledger: LedgerStore) -> None:
+    with pytest.raises(RuntimeError), ledger.transaction() as tx:
+        tx.insert(**row(minute=1))
+        tx.set_watermark("j", NOW + 600, NOW)
+        raise RuntimeError("the tick crashed")
+    assert ledger.by_key("j@2027-01-15T09:01:00") is None
+    assert "j" not in ledger.job_states()
+
+
+def test_watermarks_only_move_forward(ledger: LedgerStore) -> None:
+    with ledger.transaction() as tx:
+        tx.set_watermark("j", NOW + 100, NOW)
+        tx.set_watermark("j", NOW + 50, NOW)
+        tx.set_watermarks(["j", "k"], NOW + 70)
+    states = ledger.job_states()
+    assert states["j"].watermark == NOW + 100
+    assert states["k"].watermark == NOW + 70
+    with ledger.transaction() as tx:
+        assert set(tx.job_states(["k", "missing"])) == {"k"}
+
+
+def test_pause_and_resume(ledger: LedgerStore) -> None:
+    assert ledger.set_paused("j", True, NOW)
+    assert not ledger.set_paused("j", True, NOW + 1)
+    paused = ledger.job_states()["j"]
+    assert paused.paused is True and paused.paused_at == NOW
+    assert ledger.set_paused("j", False, NOW + 300)
+    resumed = ledger.job_states()["j"]
+    assert resumed.paused is False and resumed.paused_at is None
+    assert resumed.watermark == NOW + 300
+    assert ledger.known_job("j") and not ledger.known_job("never")
+
+
+def test_open_rows_workers_and_history(ledger: LedgerStore) -> None:
+    with ledger.transaction() as tx:
+        existing = tx.existing_keys(["j@2027-01-15T09:00:00"])
+        ids = tx.insert_many([row(minute=m) for m in range(3)] + [row("k", 0)])
+    assert existing == set() and len(ids) == 4
+    ledger.update(ids[0], [Status.CLAIMED], status=Status.RUNNING)
+    ledger.update(ids[1], [Status.CLAIMED], status=Status.DONE, outcome="completed")
+    assert ledger.count_workers() == 1
+    assert [r.id for r in ledger.open_rows()] == [ids[0], ids[2], ids[3]]
+    assert [r.id for r in ledger.open_rows([Status.RUNNING])] == [ids[0]]
+    with ledger.transaction() as tx:
+        assert [r.id for r in tx.open_rows("j")] == [ids[0], ids[2]]
+        assert len(tx.all_open_rows()) == 3
+        assert tx.existing_keys([row(minute=2)["fire_key"], "nope"]) == {row(minute=2)["fire_key"]}
+    assert [r.id for r in ledger.history("j", limit=2)] == [ids[2], ids[1]]
+    assert [r.id for r in ledger.get_many([ids[3], 99_999, ids[0]])] == [ids[3], ids[0]]
+    assert {job: r.id for job, r in ledger.last_rows().items()} == {"j": ids[2], "k": ids[3]}
+    assert ledger.get(ids[1]).shown_outcome == "completed"
+
+
+def test_prune_keeps_every_jobs_newest_row(ledger: LedgerStore) -> None:
+    with ledger.transaction() as tx:
+        ids = tx.insert_many([row(minute=m, status=Status.DONE) for m in range(5)])
+        only = tx.insert(**row("k", 0, status=Status.DONE))
+        waiting = tx.insert(**row("q", 0))
+    removed = ledger.prune(NOW + 3600, chunk=2)
+    assert removed == 4
+    assert [r.id for r in ledger.history()] == [waiting, only, ids[-1]]

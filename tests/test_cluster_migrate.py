@@ -1,0 +1,112 @@
+"""``dispatch state migrate`` logic: a single host's SQLite history moves into an empty cluster
+database unchanged, a non-empty one is refused, and a failure writes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dispatcher.cluster.board import PgBoardStore
+from dispatcher.cluster.database import ClusterDB, ClusterError
+from dispatcher.cluster.ledger import PgLedger
+from dispatcher.cluster.migrate import migrate
+from dispatcher.cron.ledger import Kind, Ledger, Status
+from dispatcher.database import open_state
+from dispatcher.kanban.model import (
+    CardChange,
+    CardStatus,
+    Claimer,
+    Limits,
+    NewCard,
+    RunOutcome,
+    RunResult,
+)
+from dispatcher.kanban.store import SqliteBoardStore
+
+pytestmark = pytest.mark.postgres
+NOW = 1_800_000_000.0
+
+
+def _fill(state_dir: Path) -> tuple[str, str]:
+    with open_state(state_dir) as db:
+        board = SqliteBoardStore(db)
+        parent, _ = board.add_card(NewCard(title="parent", assignee="a"), now=NOW)
+        child, _ = board.add_card(
+            NewCard(title="child", assignee="a", parents=(parent.id,)), now=NOW
+        )
+        run = board.claim(
+            parent.id, now=NOW, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=3)
+        ).run
+        assert run is not None
+        done = CardChange(fields={"status": CardStatus.DONE})
+        board.close_run(
+            run.run_id,
+            RunResult(outcome=RunOutcome.COMPLETED, exit_code=0),
+            lambda c, r: done,
+            now=NOW + 1,
+        )
+        board.set_paused(True)
+        ledger = Ledger(db)
+        with ledger.transaction() as tx:
+            tx.insert(
+                fire_key="j@1",
+                job_id="j",
+                kind=Kind.SCHEDULE,
+                nominal_wall="w",
+                zone="UTC",
+                nominal=NOW,
+                decided_at=NOW,
+                status=Status.DONE,
+                outcome="completed",
+            )
+        ledger.set_paused("j", True, NOW)
+        return parent.id, child.id
+
+
+def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
+    parent_id, child_id = _fill(tmp_path / "state")
+    with open_state(tmp_path / "state") as db, ClusterDB(pg_url) as cluster:
+        before = SqliteBoardStore(db)
+        result = migrate(db, cluster)
+        after = PgBoardStore(cluster)
+        assert result.counts == {
+            "kanban_cards": 2,
+            "kanban_parents": 1,
+            "kanban_runs": 1,
+            "kanban_events": len(before.events_of(parent_id)) + len(before.events_of(child_id)),
+            "cron_fires": 1,
+            "cron_jobs": 1,
+        }
+        assert result.paused and after.paused()
+        for card_id in (parent_id, child_id):
+            assert after.get_card(card_id) == before.get_card(card_id)
+            assert after.events_of(card_id) == before.events_of(card_id)
+            assert after.runs_of(card_id) == before.runs_of(card_id)
+        assert after.board_version() == before.board_version()
+        ledger = PgLedger(cluster)
+        assert ledger.job_states()["j"].paused is True
+        assert [r.fire_key for r in ledger.history()] == ["j@1"]
+        # New events continue after the copied sequence.
+        after.edit_card(
+            child_id,
+            __import__("dispatcher.kanban.model", fromlist=["CardEdit"]).CardEdit(title="x"),
+            now=NOW,
+        )
+        seqs = [e.seq for e in after.events_of(child_id)]
+        assert seqs == sorted(set(seqs))
+        with pytest.raises(ClusterError, match="already has rows"):
+            migrate(db, cluster)
+
+
+def test_a_failure_writes_nothing(tmp_path: Path, pg_url: str) -> None:
+    _fill(tmp_path / "state")
+    with open_state(tmp_path / "state") as db, ClusterDB(pg_url) as cluster:
+        cluster.migrate()
+        with cluster.write(None) as conn:
+            # The cron rows are copied last: the board's rows went in before this fails.
+            conn.execute("ALTER TABLE cron_jobs ADD CONSTRAINT no_j CHECK (job_id <> 'j')")
+        with pytest.raises(ClusterError):
+            migrate(db, cluster)
+        with cluster.read() as conn:
+            assert conn.execute("SELECT count(*) FROM kanban_cards").fetchone()[0] == 0
