@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
+from dispatcher.app.runtime import Runtime, open_runtime
 from dispatcher.cron.ledger import FireRecord, Ledger, Status
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CronJob, CronSettings, OverlapPolicy
 from dispatcher.cron.zones import fixed_zone
-from dispatcher.runtime import Runtime, open_runtime
 from dispatcher.settings import Settings
 from registry.abc import SessionState
 from scope.abc import CallerKind, Placement
@@ -277,7 +277,7 @@ SCHEDULER_SCRIPT = textwrap.dedent(
     from pathlib import Path
     from dispatcher.config import load_config
     from dispatcher.cron.scheduler import CronScheduler
-    from dispatcher.runtime import open_runtime
+    from dispatcher.app.runtime import open_runtime
     from scope.abc import CallerKind
     import os
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from dispatcher.app.database import open_state
 from dispatcher.cron.errors import CronError
 from dispatcher.cron.ledger import FireRecord, Kind, Ledger, Status
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.cron.zones import fixed_zone
-from dispatcher.database import open_state
 from registry.abc import SessionState
 from registry.fake import FakeRegistry
 from registry.state import StateDB

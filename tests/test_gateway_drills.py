@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
-from dispatcher.kanban.workspace import Workspace
 from tests.support.cli import run_dispatch
 from tests.support.systemd import SystemdManager
 

@@ -32,15 +32,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dispatcher.app.runtime import Runtime, open_runtime
+from dispatcher.app.wake import WakeSocket
 from dispatcher.config import load_config
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.gateway.lock import ServeLock
 from dispatcher.gateway.notify import Notifier
 from dispatcher.gateway.statusfile import ServeStatus, write_status
-from dispatcher.gateway.wake import WakeSocket
 from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.store import SqliteBoardStore
-from dispatcher.runtime import Runtime, open_runtime
 from dispatcher.settings import Settings
 from registry.abc import Session
 from scope.abc import CallerKind, Placement

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dispatcher.app.runtime import Runtime, open_runtime
 from dispatcher.cron.ledger import FireRecord, Ledger
 from dispatcher.cron.scheduler import CronScheduler, TickReport
 from dispatcher.cron.settings import CronJob, CronSettings, OverlapPolicy
 from dispatcher.cron.zones import fixed_zone
-from dispatcher.runtime import Runtime, open_runtime
 from dispatcher.settings import Settings
 from registry.abc import Owner, SpawnRequest
 from scope.abc import CallerKind

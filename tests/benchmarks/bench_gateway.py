@@ -5,7 +5,7 @@ manager (the host's, or a private one booted like the test suite does), so kanba
 placed in their own scopes exactly as in production.
 
 (a) *latency*: cards are added one at a time through the kanban Board API (a
-:class:`~dispatcher.kanban.workspace.Workspace` per card, as ``dispatch kanban add`` does: open,
+:class:`~dispatcher.app.workspace.Workspace` per card, as ``dispatch kanban add`` does: open,
 add, close, which pokes the gateway). Each worker's first instruction writes ``$EPOCHREALTIME``
 (bash, no extra exec) to a file; the figure is that instant minus ``time.time()`` right after
 the commit that made the card ready, p50/p99. The next card is added once the previous one is
@@ -42,8 +42,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
-from dispatcher.kanban.workspace import Workspace
 from tests.benchmarks.common import REPO_ROOT, Row, median, percentile, ratio
 from tests.support.systemd import ManagerUnavailable, SystemdManager, acquire_manager
 from tests.support.wait import wait_for
