@@ -209,10 +209,16 @@ class Gateway:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             logging.getLogger("dispatch").removeHandler(self.errors)
-            os.close(self._pipe_r)
-            os.close(self._pipe_w)
+            self.close()
             lock.release()
         return status
+
+    def close(self) -> None:
+        """Close the self-pipe (after :meth:`shutdown`; :meth:`run` calls it)."""
+        for fd in (self._pipe_r, self._pipe_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._pipe_r = self._pipe_w = -1
 
     def start(self) -> None:
         """Open the registry, adopt, reconcile the board, start cron, send ``READY=1``.
