@@ -74,8 +74,7 @@ class TickReport:
     decided: tuple[FireRecord, ...] = ()
     """Rows this tick inserted (every outcome, including claimed and queued ones)."""
     started: tuple[FireRecord, ...] = ()
-    """Rows whose worker this tick started (or, once :meth:`CronScheduler.start` runs the
-    spawner threads, handed to them)."""
+    """Rows whose worker this tick started (or, under a waker's spawn pool, handed to it)."""
     settled: tuple[FireRecord, ...] = ()
     """Rows this tick moved to a final outcome from a finished session or a recovery."""
     replaced: tuple[str, ...] = ()
@@ -227,7 +226,7 @@ class CronScheduler:
 
     def catch_up(self, now: float | None = None) -> TickReport:
         """Settle leftovers of a previous run and apply each job's catch-up policy to the
-        fires missed while no scheduler ran (what :meth:`start` does first)."""
+        fires missed while no scheduler ran (what the waker's ``start()`` does first)."""
         with self._lock:
             self._last_reconcile = None
             self._reconcile_round = 0
