@@ -88,7 +88,7 @@ sys.argv[0] = "dispatch"
 runpy.run_module("dispatcher.cli.main", run_name="__main__", alter_sys=True)
 """
 ADOPT = "ProcessRegistry.adopt"
-SHUTDOWN = "Gateway._shutdown"
+SHUTDOWN = "Gateway.shutdown"
 TIMED = (f"registry.process:{ADOPT}", f"dispatcher.gateway.serve:{SHUTDOWN}")
 
 _ADOPTED = re.compile(r"adopted (\d+) running workers")
@@ -160,7 +160,7 @@ class Serve:
     def restart(self) -> dict[str, float]:
         """Restart and time it (seconds): ``wall`` (systemctl restart), ``stop`` (restart
         asked -> old serve gone), ``exec_ready`` (new exec -> READY=1), ``ready_in`` (serve's
-        own figure), one entry per timed method (``Gateway._shutdown`` is the old serve's), and
+        own figure), one entry per timed method (``Gateway.shutdown`` is the old serve's), and
         ``adopted`` (the running workers the new serve reported)."""
         assert self.unit is not None
         offset = self.log.stat().st_size if self.log.exists() else 0
