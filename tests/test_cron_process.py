@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import random
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from registry.abc import SessionState
 from scope.abc import CallerKind, Placement
 from scope.foundation.clock import FakeClock
 from scope.foundation.procstat import start_time
+from tests.support.env import no_bus_env
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,18 +41,6 @@ WAIT_FOR_FILE = 'while [ ! -e "$1" ]; do sleep 0.02; done'
 
 def utc(text: str) -> float:
     return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp()
-
-
-def no_bus_env(tmp_path: Path) -> dict[str, str]:
-    """An environment without a reachable systemd: placement is plainly in_process."""
-    runtime_dir = tmp_path / "no-bus"
-    runtime_dir.mkdir(mode=0o700, exist_ok=True)
-    return {
-        "PATH": os.environ.get("PATH", os.defpath),
-        "HOME": str(tmp_path),
-        "XDG_RUNTIME_DIR": str(runtime_dir),
-        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime_dir}/bus",
-    }
 
 
 class Rig:

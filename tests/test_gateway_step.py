@@ -8,7 +8,6 @@ itself (signals, the wake socket, the notify protocol end to end) is in test_gat
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from dispatcher.gateway.serve import BOARD_POLL, STATUS_INTERVAL, Gateway
 from dispatcher.gateway.statusfile import read_status
 from dispatcher.kanban.model import CardStatus
 from scope.foundation.clock import FakeClock
+from tests.support.env import no_bus_env
 from tests.support.wait import wait_for
 
 T0 = 1_800_000_000.0
@@ -34,18 +34,6 @@ kanban:
     quick:
       command: [sh, -c, 'exit 0']
 """
-
-
-def no_bus_env(home: Path) -> dict[str, str]:
-    """No reachable systemd: workers run in_process, nothing touches a real bus."""
-    runtime_dir = home / "no-bus"
-    runtime_dir.mkdir(mode=0o700, exist_ok=True)
-    return {
-        "PATH": os.environ.get("PATH", os.defpath),
-        "HOME": str(home),
-        "XDG_RUNTIME_DIR": str(runtime_dir),
-        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime_dir}/bus",
-    }
 
 
 class Rig:
