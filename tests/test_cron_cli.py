@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from dispatcher.app.database import open_state
 from dispatcher.cli.main import main
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.zones import fixed_zone
-from dispatcher.database import open_state
 from registry.fake import FakeRegistry
 from scope.foundation.clock import FakeClock
 

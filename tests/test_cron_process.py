@@ -10,27 +10,28 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
+import random
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dispatcher.cron.ledger import FireRecord, Ledger, Status
+from dispatcher.app.runtime import Runtime, open_runtime
+from dispatcher.cron.ledger import FireRecord, Kind, Ledger, Status
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CronJob, CronSettings, OverlapPolicy
+from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import fixed_zone
-from dispatcher.runtime import Runtime, open_runtime
 from dispatcher.settings import Settings
 from registry.abc import SessionState
 from scope.abc import CallerKind, Placement
 from scope.foundation.clock import FakeClock
 from scope.foundation.procstat import start_time
+from tests.support.env import no_bus_env
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,18 +43,6 @@ def utc(text: str) -> float:
     return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp()
 
 
-def no_bus_env(tmp_path: Path) -> dict[str, str]:
-    """An environment without a reachable systemd: placement is plainly in_process."""
-    runtime_dir = tmp_path / "no-bus"
-    runtime_dir.mkdir(mode=0o700, exist_ok=True)
-    return {
-        "PATH": os.environ.get("PATH", os.defpath),
-        "HOME": str(tmp_path),
-        "XDG_RUNTIME_DIR": str(runtime_dir),
-        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime_dir}/bus",
-    }
-
-
 class Rig:
     """A real runtime (database, scoper, process registry) and one scheduler on it."""
 
@@ -63,6 +52,7 @@ class Rig:
         *jobs: CronJob,
         environ: dict[str, str] | None = None,
         clock: FakeClock | None = None,
+        rng: random.Random | None = None,
         **cron: Any,
     ) -> None:
         self.state_dir = tmp_path / "state"
@@ -84,8 +74,16 @@ class Rig:
             environ=self.environ,
             state_dir=self.state_dir,
             zone_resolver=fixed_zone("UTC"),
+            rng=rng,
         )
         self.ledger = Ledger(self.runtime.db)
+        self.wakers: list[CronWaker] = []
+
+    def waker(self) -> CronWaker:
+        """The APScheduler waker for this rig's scheduler (stopped by :meth:`close`)."""
+        waker = CronWaker(self.scheduler)
+        self.wakers.append(waker)
+        return waker
 
     def at(self, text: str) -> float:
         assert self.clock is not None
@@ -108,6 +106,8 @@ class Rig:
         wait_for(done, timeout, what=f"ledger outcomes {expected}")
 
     def close(self) -> None:
+        for waker in self.wakers:
+            waker.stop()
         self.scheduler.stop()
         for session in self.runtime.registry.list_sessions():
             self.runtime.registry.kill(session.id, grace=0.5)
@@ -242,57 +242,115 @@ def test_failed_start_and_on_failure_with_real_processes(rigs, tmp_path):
     assert Path(details["DISPATCH_LOG_PATH"]).read_bytes() == b"oops\n"
 
 
-# -- APScheduler drives the ticks ------------------------------------------------------------
+# -- APScheduler wakes the step -------------------------------------------------------------
 
 
-def test_apscheduler_wakes_the_scheduler_and_late_wakes_still_run(leak_guard, rigs):
-    job = CronJob(id="beat", every=1.0, command=("true",), overlap=OverlapPolicy.ALLOW)
-    rig = rigs(job)
-    rig.scheduler.start()
-    assert rig.scheduler.running
+def test_apscheduler_wakes_the_step_at_its_deadline(leak_guard, rigs):
+    # The fake clock stands 0.3 s before a fire: the waker arms APScheduler 0.3 s from now, and
+    # its wake-ups step the scheduler at whatever the clock says (nothing is due until it moves;
+    # each wake re-arms the same deadline).
+    clock = FakeClock(utc("2026-01-05T09:59:59.7"))
+    job = CronJob(id="beat", schedule="* * * * *", command=("true",))
+    rig = rigs(job, clock=clock)
+    waker = rig.waker()
+    waker.start()
+    assert waker.running
+    wait_for(lambda: waker.next_wake == utc("2026-01-05T10:00:00"), what="the fire armed")
+    assert rig.rows() == []
+    clock.set(utc("2026-01-05T10:00:00"))
+    # The fire starts on APScheduler's thread; its worker's end asks for a wake at once, and
+    # that step settles it.
+    wait_for(lambda: rig.outcomes() == ["completed"], timeout=10, what="fire woken and settled")
+    (row,) = rig.rows()
+    assert row.fire_key == "beat@2026-01-05T10:00:00"
+    # Next: the reconcile bound (wake_interval, 30 s), before the 10:01 fire.
+    wait_for(lambda: waker.next_wake == utc("2026-01-05T10:00:30"), what="next wake armed")
+    waker.stop()
+    assert not waker.running and waker.next_wake is None
+
+
+def test_a_late_wake_still_steps_and_the_late_fire_runs(leak_guard, rigs):
+    clock = FakeClock(utc("2026-01-05T09:59:30"))
+    job = CronJob(id="beat", schedule="* * * * *", command=("true",))
+    rig = rigs(job, clock=clock)
+    waker = rig.waker()
+    waker.start()
+    assert waker.next_wake == utc("2026-01-05T10:00:00")
+    # APScheduler is late: the wake for 10:00:00 is delivered when the clock already says
+    # 10:00:01.6, past APScheduler's own 1 s misfire default (which would drop it). The fire is
+    # still within cron.on_time_grace, so it runs as a normal, late fire.
+    clock.set(utc("2026-01-05T10:00:01.6"))
+    waker.request(utc("2026-01-05T10:00:00"))
+    wait_for(lambda: rig.outcomes() == ["completed"], timeout=10, what="the late fire")
+    (row,) = rig.rows()
+    assert row.fire_key == "beat@2026-01-05T10:00:00"
+    assert row.kind is Kind.SCHEDULE
+    waker.stop()
+
+
+def test_stopping_the_waker_settles_claimed_fires_it_never_started(rigs):
+    # A jitter delay keeps the claimed fire waiting; the waker stops before it ends.
+    clock = FakeClock(utc("2026-01-05T09:59:59"))
+    job = CronJob(id="late", schedule="* * * * *", command=("true",), jitter=30.0)
+    rig = rigs(job, clock=clock, rng=random.Random(1))
+    waker = rig.waker()
+    waker.start()
+    clock.set(utc("2026-01-05T10:00:00"))
+    waker.request(clock.time())
     wait_for(
-        lambda: rig.outcomes()[:2] == ["completed", "completed"],
-        timeout=10,
-        what="two fires woken by APScheduler",
+        lambda: [r.status for r in rig.rows()] == [Status.CLAIMED],
+        what="a claimed fire waiting out its jitter",
     )
-    # Hold APScheduler back for more than its 1 s misfire default: the wake still happens and
-    # the fire that came due meanwhile runs (late, but within cron.on_time_grace).
-    rig.scheduler._aps.pause()
-    paused_at = time.time()
-    time.sleep(1.6)  # the condition under test is "APScheduler was late", so it must wait
-    count = len(rig.rows())
-    rig.scheduler._aps.resume()
-    wait_for(lambda: len(rig.rows()) > count, timeout=10, what="a fire after the late wake")
-    late = [r for r in rig.rows() if r.nominal < paused_at + 1.5 and r.nominal > paused_at]
-    assert late and all(r.shown_outcome in ("running", "completed") for r in late)
-    rig.scheduler.stop()
-    assert not rig.scheduler.running
+    (row,) = rig.rows()
+    assert row.due_at is not None and row.due_at > clock.time()
+    waker.stop()
+    assert rig.outcomes() == ["failed_start"]
+    assert rig.runtime.registry.list_sessions(include_finished=True) == []
 
 
 # -- two scheduler processes on one database -------------------------------------------------
 
 SCHEDULER_SCRIPT = textwrap.dedent(
     """
-    import sys, threading, time
+    import collections, os, sys, time
     from pathlib import Path
+    from dispatcher.app.runtime import open_runtime
     from dispatcher.config import load_config
+    from dispatcher.cron.ledger import Ledger
     from dispatcher.cron.scheduler import CronScheduler
-    from dispatcher.runtime import open_runtime
+    from dispatcher.cron.waker import CronWaker
     from scope.abc import CallerKind
-    import os
 
-    config, state, seconds = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+    config, state, fires = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     settings = load_config(config).settings
+    jobs = [job.id for job in settings.cron.jobs]
     env = dict(os.environ)
+
+    def poll(done, seconds):
+        deadline = time.monotonic() + seconds
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     with open_runtime(settings, state, env, caller_kind=CallerKind.CRON, follow=True) as rt:
         scheduler = CronScheduler(settings.cron, rt.registry, rt.db, environ=env, state_dir=state)
-        scheduler.start()
-        time.sleep(seconds)
-        scheduler.stop()
-        deadline = time.monotonic() + 10
-        while rt.registry.list_sessions() and time.monotonic() < deadline:
+        ledger = Ledger(rt.db)
+
+        def enough():
+            started = collections.Counter(
+                r.job_id for r in ledger.history(limit=10_000) if r.session_id
+            )
+            return all(started[job] >= fires for job in jobs)
+
+        waker = CronWaker(scheduler)
+        waker.start()
+        poll(enough, 30)  # both processes run until the shared ledger holds enough fires
+        waker.stop()
+
+        def idle():
             scheduler.tick()
-            time.sleep(0.05)
+            return not rt.registry.list_sessions()
+
+        poll(idle, 10)
         scheduler.tick()
     print("done")
     """
@@ -329,7 +387,7 @@ def test_two_scheduler_processes_never_run_a_fire_twice(leak_guard, tmp_path):
     owners = [s.owner.id for s in cron_sessions]
     assert len(owners) == len(set(owners)), "a fire key ran twice"
     ran = [r for r in rows if r.session_id]
-    assert len(ran) >= 3 * 2  # at least two seconds' worth of fires for each job
+    assert len(ran) >= 3 * 3  # three fires of each job, at least
     assert {r.fire_key for r in ran} == set(owners)
     claimants = {r.claimant.split(":")[0] for r in ran if r.claimant}
     assert len(claimants) >= 1

@@ -9,17 +9,18 @@ from __future__ import annotations
 import datetime as dt
 import os
 import random
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dispatcher.app.database import open_state
 from dispatcher.cron.errors import CronError
 from dispatcher.cron.ledger import FireRecord, Kind, Ledger, Status
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.cron.zones import fixed_zone
-from dispatcher.database import open_state
 from registry.abc import SessionState
 from registry.fake import FakeRegistry
 from registry.state import StateDB
@@ -157,6 +158,72 @@ def test_a_worker_that_cannot_start_is_failed_start(world: World) -> None:
     (row,) = world.rows()
     assert row.shown_outcome == "failed_start"
     assert "nosuch" in (row.error or "")
+
+
+# -- the step seam ---------------------------------------------------------------------------
+
+
+def test_step_answers_when_it_next_needs_to_run(world: World) -> None:
+    s = world.scheduler(job(), job("j2", schedule="7 10 * * *"))
+    # The next fire, never more than wake_interval (30 s) away.
+    assert s.step(world.clock.time()) == utc("2026-01-05T10:00:00")
+    assert s.step(world.at("2026-01-05T09:59:45")) == utc("2026-01-05T10:00:00")
+    assert s.step(world.at("2026-01-05T10:00:00")) == utc("2026-01-05T10:00:30")
+    assert len(world.registry.running()) == 1
+    assert s.step(world.at("2026-01-05T10:04:50")) == utc("2026-01-05T10:05:00")
+
+
+def test_step_answers_the_end_of_a_jitter_delay(world: World) -> None:
+    s = world.scheduler(job(jitter=20.0))
+    s.step(world.clock.time())
+    deadline = s.step(world.at("2026-01-05T10:00:00"))
+    (row,) = world.rows()
+    assert row.status is Status.CLAIMED and row.due_at is not None
+    assert deadline == row.due_at and utc("2026-01-05T10:00:00") < deadline
+    assert world.registry.running() == []
+    s.step(world.at(deadline))
+    assert len(world.registry.running()) == 1
+
+
+def test_a_finished_worker_and_a_reload_ask_for_an_early_step(world: World) -> None:
+    s = world.scheduler(job())
+    asked: list[float] = []
+    s.on_wake_request(asked.append)
+    s.step(world.clock.time())
+    s.step(world.at("2026-01-05T10:00:00"))
+    assert asked == [] and len(world.registry.running()) == 1
+    world.at("2026-01-05T10:00:02")
+    world.finish_all()
+    assert asked == [utc("2026-01-05T10:00:02")]
+    s.reload(CronSettings(jobs=(job(schedule="*/10 * * * *"),)))
+    assert asked[-1] == utc("2026-01-05T10:00:02")
+    assert len(asked) == 2
+    s.on_wake_request(None)
+    s.reload(CronSettings(jobs=(job(),)))
+    assert len(asked) == 2
+
+
+def test_spawns_go_to_the_executor_it_is_handed(world: World) -> None:
+    submitted: list[Any] = []
+
+    class Recorder(Executor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+            submitted.append(fn)
+            future: Future[Any] = Future()
+            future.set_result(fn(*args, **kwargs))
+            return future
+
+    s = world.scheduler(job())
+    s.use_executor(Recorder())
+    s.tick()
+    report = s.tick(world.at("2026-01-05T10:00:00"))
+    assert len(submitted) == 1 and len(report.started) == 1
+    assert len(world.registry.running()) == 1
+    s.use_executor(None)
+    world.finish_all()
+    s.tick(world.at("2026-01-05T10:05:00"))
+    # Started inline this time.
+    assert len(submitted) == 1 and len(world.registry.running()) == 1
 
 
 # -- overlap ---------------------------------------------------------------------------------

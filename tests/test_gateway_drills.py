@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
-from dispatcher.kanban.workspace import Workspace
 from tests.support.cli import run_dispatch
 from tests.support.systemd import SystemdManager
 
@@ -174,8 +174,26 @@ def test_restart_drill(gate_factory, systemd_manager: SystemdManager, tmp_path: 
     def running_count() -> int:
         return sum(1 for c in gate.cards() if c["status"] == "running")
 
+    def spawned_count() -> int:
+        # A card is "running" from its claim; its worker is in its own scope only once the run
+        # has a session. A restart before that would stop the still-unplaced keeper with the
+        # service, which is not what this drill is about.
+        conn = gate.db()
+        try:
+            return int(
+                conn.execute(
+                    "SELECT count(*) FROM kanban_runs"
+                    " WHERE outcome IS NULL AND session_id IS NOT NULL"
+                ).fetchone()[0]
+            )
+        finally:
+            conn.close()
+
     systemd_manager.wait_for(
-        lambda: running_count() == 50, timeout=60, interval=0.2, what="all 50 workers running"
+        lambda: running_count() == 50 and spawned_count() == 50,
+        timeout=60,
+        interval=0.2,
+        what="all 50 workers running",
     )
     pids_seen = set()
     for _ in range(3):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.app.database import open_state
 from dispatcher.cli.main import main
-from dispatcher.database import open_state
 from dispatcher.kanban.lookup import resolve_session_id
 from dispatcher.kanban.model import (
     CardChange,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.database import open_state
+from dispatcher.app.database import open_state
 from dispatcher.kanban.board import Board
 from dispatcher.kanban.claimer import current_claimer
 from dispatcher.kanban.dispatcher import DEGRADED_WARNING, KanbanDispatcher

@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from dispatcher.app.runtime import open_runtime
+from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
 from dispatcher.kanban.faults import ENV_FAULT, STEPS
 from dispatcher.kanban.model import CardStatus
-from dispatcher.kanban.workspace import Workspace
-from dispatcher.runtime import open_runtime
 from scope.abc import CallerKind
 from tests.support.systemd import SystemdManager
 from tests.support.wait import wait_for

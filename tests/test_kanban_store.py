@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.database import open_state
+from dispatcher.app.database import open_state
 from dispatcher.kanban.abc import ClaimVerdict
 from dispatcher.kanban.model import (
     Claimer,

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.app.runtime import open_runtime
+from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
 from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.lookup import resolve_session_id
 from dispatcher.kanban.model import CardStatus, RunOutcome
-from dispatcher.kanban.workspace import Workspace
-from dispatcher.runtime import open_runtime
 from scope.abc import CallerKind
 from scope.foundation.clock import FakeClock
 from tests.support.systemd import SystemdManager

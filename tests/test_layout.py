@@ -18,23 +18,47 @@ PACKAGES = ("scope", "registry", "dispatcher")
 ALLOWED = {"dispatcher": {"registry", "scope"}, "registry": {"scope"}, "scope": set()}
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), str(path))
-    found = set()
+def _module_names(source: str, package: str, filename: str = "<test>") -> set[str]:
+    """Every name ``source`` imports, dotted in full: top-level and function-local imports,
+    ``TYPE_CHECKING`` blocks, and ``import_module`` calls (an f-string counts by its literal
+    prefix). Relative imports are resolved against ``package``. ``from pkg import name`` counts
+    as ``pkg`` and ``pkg.name`` (``name`` may be a module)."""
+    tree = ast.parse(source, filename)
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
-            for arg in node.args:
+            for arg in node.args[:1]:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                    found.add(arg.value.split(".")[0])
+                    found.add(arg.value)
                 elif isinstance(arg, ast.JoinedStr) and arg.values:
                     first = arg.values[0]
                     if isinstance(first, ast.Constant):
-                        found.add(str(first.value).split(".")[0])
+                        found.add(str(first.value).rstrip("."))
     return found
+
+
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports_of(path: Path) -> set[str]:
+    package = _module_of(path) if path.name == "__init__.py" else _module_of(path.parent)
+    return _module_names(path.read_text(), package, str(path))
+
+
+def _imports(path: Path) -> set[str]:
+    return {name.split(".")[0] for name in _imports_of(path)}
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -90,3 +114,113 @@ def test_foundation_imports_nothing_of_placement() -> None:
                 if mod.split(".")[0] in PACKAGES and not mod.startswith("scope.foundation"):
                     offenders.append(f"{path.relative_to(ROOT)} imports {mod}")
     assert not offenders, offenders
+
+
+# -- layers inside dispatcher/ -----------------------------------------------------------------
+
+DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
+    # (layer, rank, modules): a module may import its own layer and lower ranks only. cron and
+    # kanban share a rank and must not import each other. The root schema and loader
+    # (settings, config, configdoc) gather cron's and kanban's sections, so they are app.
+    (
+        "foundation",
+        0,
+        (
+            "dispatcher",
+            "dispatcher.errors",
+            "dispatcher.paths",
+            "dispatcher.timefmt",
+            "dispatcher.envfile",
+            "dispatcher.commonsettings",
+        ),
+    ),
+    ("cron", 1, ("dispatcher.cron",)),
+    ("kanban", 1, ("dispatcher.kanban",)),
+    (
+        "app",
+        2,
+        ("dispatcher.app", "dispatcher.settings", "dispatcher.config", "dispatcher.configdoc"),
+    ),
+    ("gateway", 3, ("dispatcher.gateway",)),
+    ("cli", 4, ("dispatcher.cli",)),
+)
+_RANK = {layer: rank for layer, rank, _ in DISPATCHER_LAYERS}
+
+
+def _layer(module: str) -> str | None:
+    """The layer of a dispatcher module (``dispatcher`` itself matches only exactly)."""
+    best: tuple[int, str] | None = None
+    for layer, _, modules in DISPATCHER_LAYERS:
+        for prefix in modules:
+            inside = prefix != "dispatcher" and module.startswith(prefix + ".")
+            if (module == prefix or inside) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), layer)
+    return best[1] if best else None
+
+
+def _existing_module(name: str) -> str | None:
+    """``name`` trimmed to the longest prefix that is a module or package in the tree (an
+    imported class or function is not a module)."""
+    parts = name.split(".")
+    while parts:
+        base = ROOT.joinpath(*parts)
+        if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def _layer_offenders(path: Path) -> list[str]:
+    own = _layer(_module_of(path))
+    assert own is not None, f"{path.relative_to(ROOT)} is in no layer: add it to DISPATCHER_LAYERS"
+    offenders: set[str] = set()
+    for name in _imports_of(path):
+        if name.split(".")[0] != "dispatcher":
+            continue
+        target = _existing_module(name)
+        layer = _layer(target) if target else None
+        if target is None or layer is None:
+            offenders.add(f"{path.relative_to(ROOT)} imports {name}, which is in no layer")
+        elif layer != own and _RANK[layer] >= _RANK[own]:
+            offenders.add(f"{path.relative_to(ROOT)} ({own}) imports {target} ({layer})")
+    return sorted(offenders)
+
+
+def test_dispatcher_layers_import_downward_only() -> None:
+    offenders = [
+        line
+        for path in sorted((ROOT / "dispatcher").rglob("*.py"))
+        for line in _layer_offenders(path)
+    ]
+    assert not offenders, offenders
+
+
+def test_every_layer_names_real_modules() -> None:
+    for layer, _, modules in DISPATCHER_LAYERS:
+        for module in modules:
+            assert _existing_module(module) == module, f"{layer}: {module} does not exist"
+
+
+def test_import_scan_sees_local_relative_and_dynamic_imports() -> None:
+    source = (
+        "import dispatcher.errors\n"
+        "from . import sibling\n"
+        "from ..app.runtime import open_runtime\n"
+        "def f():\n"
+        "    from dispatcher.cli.context import Context\n"
+        "    importlib.import_module('dispatcher.gateway.serve')\n"
+        "    importlib.import_module(f'dispatcher.cli.{name}_cmd')\n"
+    )
+    found = _module_names(source, "dispatcher.kanban")
+    assert {
+        "dispatcher.errors",
+        "dispatcher.kanban.sibling",
+        "dispatcher.app.runtime",
+        "dispatcher.app.runtime.open_runtime",
+        "dispatcher.cli.context",
+        "dispatcher.gateway.serve",
+        "dispatcher.cli",
+    } <= found
+    assert _layer("dispatcher.kanban.board") == "kanban"
+    assert _layer("dispatcher.settings") == "app"
+    assert _layer("dispatcher.nosuch") is None

@@ -16,6 +16,7 @@ import signal
 import threading
 from collections.abc import Sequence
 
+from dispatcher.app.database import open_state
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.cron.crontab import parse as parse_crontab
@@ -25,7 +26,6 @@ from dispatcher.cron.plan import JobPlan, job_active, plan_job
 from dispatcher.cron.report import iso_in, job_entry, policies, row_entry, schedule_text
 from dispatcher.cron.timeline import CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
-from dispatcher.database import open_state
 from dispatcher.envfile import read_env_file
 from dispatcher.errors import EnvFileError
 from scope.abc import CallerKind
@@ -109,7 +109,7 @@ def _settle_open(ctx: Context, ledger: Ledger) -> None:
     ``cron run`` without ``--wait``, a scheduler that is down)."""
     if not ledger.open_rows((Status.RUNNING, Status.CLAIMED, Status.SPAWNING)):
         return
-    from dispatcher.runtime import runtime_from_context
+    from dispatcher.app.runtime import runtime_from_context
 
     runtime = runtime_from_context(ctx, caller_kind=CallerKind.CRON)
     runner = FireRunner(
@@ -314,8 +314,8 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
 def handle_run(args: argparse.Namespace, ctx: Context) -> int:
     """``dispatch cron run JOB_ID [--wait]``."""
     _plan(ctx, args.job_id)
+    from dispatcher.app.runtime import runtime_from_context
     from dispatcher.cron.scheduler import CronScheduler
-    from dispatcher.runtime import runtime_from_context
 
     runtime = runtime_from_context(ctx, caller_kind=CallerKind.CRON, follow=True)
     scheduler = CronScheduler(

@@ -10,10 +10,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from dispatcher.app.runtime import policy_of
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.gateway.units import units_report
-from dispatcher.runtime import policy_of
 from scope import open_scoper
 from scope.doctor import diagnose, healthy
 from scope.systemd import SystemdScoper

@@ -18,9 +18,9 @@ import json
 import time
 from typing import Any
 
+from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.runtime import runtime_from_context
 from dispatcher.timefmt import iso, short
 from registry.abc import Event, Registry
 from scope.foundation.errors import NotFoundError, UsageError

@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
@@ -25,7 +26,6 @@ from dispatcher.kanban.views import (
     tick_json,
     tick_text,
 )
-from dispatcher.kanban.workspace import Workspace
 from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
 

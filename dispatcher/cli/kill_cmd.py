@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.cli.ps_cmd import describe_end, session_json
 from dispatcher.cli.wait_cmd import duration_arg
-from dispatcher.runtime import runtime_from_context
 
 DESCRIPTION = (
     "Stop a session and everything it started: a scoped session's scope is stopped; otherwise "

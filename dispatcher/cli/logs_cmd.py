@@ -13,9 +13,9 @@ import sys
 import time
 from typing import BinaryIO
 
+from dispatcher.app.runtime import Runtime, runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.runtime import Runtime, runtime_from_context
 from registry.abc import Registry, Session
 from registry.hooks import OutputHooks
 from registry.output import LogReader

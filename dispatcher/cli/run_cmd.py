@@ -24,12 +24,12 @@ import argparse
 import getpass
 import os
 
+from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.logs_cmd import stream
 from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, report
-from dispatcher.runtime import runtime_from_context
 from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, WatchPattern
 from scope.abc import CallerKind
 from scope.foundation.errors import UsageError

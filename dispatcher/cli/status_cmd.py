@@ -22,8 +22,8 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
     """Print the status document."""
+    from dispatcher.app.runtime import runtime_from_context
     from dispatcher.gateway.report import status_document
-    from dispatcher.runtime import runtime_from_context
 
     runtime = runtime_from_context(ctx)
     doc = status_document(runtime, ctx.environ, fires=max(0, args.fires))

@@ -2,6 +2,7 @@
 
 Modules: crontab (expressions), timeline (fires in real time, DST rule), policy (catch-up and
 overlap rules), ledger (the state-DB tables), decisions (one decision transaction), launcher
-(spawning and settling fires), scheduler (``CronScheduler``: ``tick`` plus APScheduler wake-ups),
-plan, zones, envfile, report, errors, settings. See docs/cron.md.
+(spawning and settling fires), scheduler (``CronScheduler``: every decision, ``tick``/``step``),
+waker (``CronWaker``: APScheduler wake-ups and the spawn pool), plan, zones, report, errors,
+settings. See docs/cron.md.
 """

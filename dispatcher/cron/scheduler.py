@@ -1,17 +1,16 @@
-"""The cron scheduler: every decision in :meth:`CronScheduler.tick`, APScheduler only wakes it.
+"""The cron scheduler: every decision in :meth:`CronScheduler.tick`; something else wakes it.
 
 ``tick(now)`` is one deterministic step with an injected clock: settle finished fires, promote a
 queued fire whose job went idle, decide every occurrence due since the job's watermark (catch-up
 and overlap policies, one write transaction, rows claimed *before* anything is spawned), stop
 replaced workers, then start claimed fires whose jitter delay has passed, within
-``cron.max_concurrent``. Tests drive ``tick`` directly.
+``cron.max_concurrent``. ``step(now)`` is the same pass answering only when it next needs to run
+(a fire, a jitter delay ending, or at most ``wake_interval`` away). Tests drive both directly.
 
-``start()`` settles what a previous run left behind, applies catch-up (``catch_up(now)``) and hands
-the wake-ups to an APScheduler 3 ``BackgroundScheduler``: a single one-shot date job at the next
-instant anything is due (a fire, a jitter delay ending) or at most ``wake_interval`` away, with no
-misfire grace limit (APScheduler's default of 1 s would drop late wake-ups; lateness is judged
-here, by ``cron.on_time_grace``). A finished worker re-arms the wake at once, so a queued fire or a
-fire waiting for a concurrency slot starts without delay.
+This module never sleeps and never starts a thread. :mod:`dispatcher.cron.waker` arms
+APScheduler to call :meth:`CronScheduler.step` at that instant, hands the scheduler a spawn pool
+(:meth:`CronScheduler.use_executor`) and listens for early wake requests (a finished worker, a
+reload: :meth:`CronScheduler.on_wake_request`). Without a pool, ``tick`` spawns inline.
 
 What this module must not do: run a fire twice (the ledger's keys and compare-and-set prevent it),
 or kill anything but a ``replace`` policy's previous worker.
@@ -27,11 +26,10 @@ import queue
 import random
 import secrets
 import threading
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dispatcher.cron.decisions import Decider
 from dispatcher.cron.errors import CronError
@@ -50,7 +48,6 @@ __all__ = ["CronScheduler", "JobPlan", "PlannedFire", "TickReport", "job_active"
 
 log = logging.getLogger("dispatch.cron")
 
-_WAKE_JOB_ID = "dispatch-cron-wake"
 _PRUNE_EVERY = 3600.0
 _FULL_RECONCILE_EVERY = 10
 """Own running rows are re-checked against the registry every this many reconcile rounds (their
@@ -77,8 +74,7 @@ class TickReport:
     decided: tuple[FireRecord, ...] = ()
     """Rows this tick inserted (every outcome, including claimed and queued ones)."""
     started: tuple[FireRecord, ...] = ()
-    """Rows whose worker this tick started (or, once :meth:`CronScheduler.start` runs the
-    spawner threads, handed to them)."""
+    """Rows whose worker this tick started (or, under a waker's spawn pool, handed to it)."""
     settled: tuple[FireRecord, ...] = ()
     """Rows this tick moved to a final outcome from a finished session or a recovery."""
     replaced: tuple[str, ...] = ()
@@ -104,7 +100,6 @@ class CronScheduler:
         zone_resolver: ZoneResolver | None = None,
         rng: random.Random | None = None,
         wake_interval: float = 30.0,
-        spawn_threads: int = 4,
     ) -> None:
         self.registry = registry
         self.ledger = Ledger(db)
@@ -115,7 +110,6 @@ class CronScheduler:
         # Jitter needs spread, not secrecy.
         self.rng = rng or random.Random(secrets.randbits(64))  # noqa: S311
         self.wake_interval = wake_interval
-        self.spawn_threads = spawn_threads
         self.claimant = claimant_token()
         self.runner = FireRunner(
             self.ledger,
@@ -126,19 +120,14 @@ class CronScheduler:
             clock=self.clock.time,
         )
         self._lock = threading.RLock()
-        self._wake_lock = threading.Lock()
         self._finished: queue.SimpleQueue[Session] = queue.SimpleQueue()
         self._next_at: dict[str, float] = {}
         self._last_reconcile: float | None = None
         self._last_now: float | None = None
         self._last_prune: float | None = None
         self._reconcile_round = 0
-        self._spawner: ThreadPoolExecutor | None = None
-        self._aps: Any = None
-        self._wake_at: float | None = None
-        self._ticking = False
-        self._rewake: float | None = None
-        self._closed = False
+        self._spawner: Executor | None = None
+        self._wake_request: Callable[[float], None] | None = None
         self._plans: dict[str, JobPlan] = {}
         self._apply_settings(settings)
         registry.add_finish_listener(self._on_finish)
@@ -173,7 +162,26 @@ class CronScheduler:
         """Use a new ``cron:`` section; new jobs start from now, removed jobs stop firing."""
         with self._lock:
             self._apply_settings(settings)
-        self._request_wake(self.clock.time())
+        self._want_wake(self.clock.time())
+
+    # -- what wakes it -----------------------------------------------------------------------
+
+    def on_wake_request(self, callback: Callable[[float], None] | None) -> None:
+        """Call ``callback(at)`` when the scheduler wants a :meth:`step` before the deadline it
+        last returned (a worker finished, the settings changed). Called from any thread,
+        never with the tick lock held. None: nobody listens."""
+        self._wake_request = callback
+
+    def use_executor(self, executor: Executor | None) -> None:
+        """Start workers and stop replaced ones on ``executor`` (None: inline, in ``tick``).
+        A spawn costs tens of milliseconds; fires due together must not queue behind it."""
+        with self._lock:
+            self._spawner = executor
+
+    def _want_wake(self, at: float) -> None:
+        callback = self._wake_request
+        if callback is not None:
+            callback(at)
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -210,9 +218,15 @@ class CronScheduler:
                 next_wake=min([now + self.wake_interval, *pending, *self._next_at.values()]),
             )
 
+    def step(self, now: float) -> float:
+        """One :meth:`tick` at ``now``; returns the clock time at which it next needs to run."""
+        report = self.tick(now)
+        assert report.next_wake is not None
+        return report.next_wake
+
     def catch_up(self, now: float | None = None) -> TickReport:
         """Settle leftovers of a previous run and apply each job's catch-up policy to the
-        fires missed while no scheduler ran (what :meth:`start` does first)."""
+        fires missed while no scheduler ran (what the waker's ``start()`` does first)."""
         with self._lock:
             self._last_reconcile = None
             self._reconcile_round = 0
@@ -411,45 +425,13 @@ class CronScheduler:
         found.sort(key=lambda fire: (fire.at, fire.job_id))
         return found[:count]
 
-    # -- running -----------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Catch up, then let APScheduler wake :meth:`tick` whenever something is due."""
-        from apscheduler.schedulers.background import BackgroundScheduler
-
-        with self._wake_lock:
-            if self._aps is not None:
-                return
-        with self._lock:
-            self._closed = False
-            if self._spawner is None and self.spawn_threads > 0:
-                self._spawner = ThreadPoolExecutor(
-                    max_workers=self.spawn_threads, thread_name_prefix="dispatch-cron-spawn"
-                )
-        report = self.catch_up()
-        with self._wake_lock:
-            if self._aps is not None:
-                return
-            self._aps = BackgroundScheduler(
-                timezone=dt.UTC,
-                job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 3},
-            )
-            self._aps.start()
-        self._request_wake(report.next_wake or self.clock.time())
+    # -- stopping ----------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop waking; running workers keep running. Fires this instance claimed but had not
-        started yet are settled ``failed_start`` (they are never run twice)."""
-        with self._wake_lock:
-            aps, self._aps, self._wake_at = self._aps, None, None
-        if aps is not None:
-            aps.shutdown(wait=True)
+        """Stop deciding. Fires this instance claimed but had not started yet are settled
+        ``failed_start`` (they are never run twice); running workers keep running. Stop the
+        waker first (:meth:`dispatcher.cron.waker.CronWaker.stop` does both)."""
         with self._lock:
-            spawner, self._spawner = self._spawner, None
-        if spawner is not None:
-            spawner.shutdown(wait=True)
-        with self._lock:
-            self._closed = True
             for row in self.ledger.open_rows((Status.CLAIMED,)):
                 if row.claimant != self.claimant:
                     continue
@@ -464,79 +446,10 @@ class CronScheduler:
 
     close = stop
 
-    def run(self, stop_event: threading.Event) -> None:
-        """:meth:`start`, block until ``stop_event`` is set, then :meth:`stop`."""
-        self.start()
-        try:
-            stop_event.wait()
-        finally:
-            self.stop()
-
-    @property
-    def running(self) -> bool:
-        """Whether APScheduler is waking this scheduler."""
-        return self._aps is not None
-
     def _on_finish(self, session: Session) -> None:
         # Called from a registry thread: never take the tick lock here (a tick may be waiting
-        # on that very thread), just hand the session over and wake up.
+        # on that very thread), just hand the session over and ask for a wake.
         if session.owner.kind != "cron":
             return
         self._finished.put(session)
-        self._request_wake(self.clock.time())
-
-    def _request_wake(self, at: float) -> None:
-        with self._wake_lock:
-            if self._aps is None:
-                return
-            if self._ticking:
-                # The running tick re-arms the wake when it ends; fold this request into it.
-                self._rewake = at if self._rewake is None else min(self._rewake, at)
-                return
-            if (
-                self._wake_at is not None
-                and self._wake_at <= at
-                and self._aps.get_job(_WAKE_JOB_ID) is not None
-            ):
-                return
-            self._arm(at)
-
-    def _arm(self, at: float) -> None:
-        """Schedule the one wake-up job at ``at`` (caller holds ``_wake_lock``)."""
-        self._wake_at = at
-        # Round up to the microsecond so the wake never lands just before the instant.
-        run_date = dt.datetime.fromtimestamp(math.ceil(at * 1e6) / 1e6, dt.UTC)
-        self._aps.add_job(
-            self._on_wake,
-            trigger="date",
-            run_date=run_date,
-            id=_WAKE_JOB_ID,
-            replace_existing=True,
-        )
-
-    def _on_wake(self) -> None:
-        with self._wake_lock:
-            self._wake_at = None
-            self._ticking = True
-        while True:
-            try:
-                next_wake = self.tick().next_wake
-            except Exception:
-                log.exception("cron: tick failed; retrying in %g s", self.wake_interval)
-                next_wake = self.clock.time() + self.wake_interval
-            with self._wake_lock:
-                wanted = [at for at in (next_wake, self._rewake) if at is not None]
-                self._rewake = None
-                at = min(wanted) if wanted else None
-                if at is not None and at <= self.clock.time() and self._aps is not None:
-                    # Already due again (a worker finished meanwhile): tick again here rather
-                    # than arming a job that APScheduler could refuse as a concurrent instance.
-                    continue
-                self._ticking = False
-                if (
-                    self._aps is not None
-                    and at is not None
-                    and (self._wake_at is None or at < self._wake_at)
-                ):
-                    self._arm(at)
-                return
+        self._want_wake(self.clock.time())

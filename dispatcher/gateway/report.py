@@ -13,13 +13,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from dispatcher.app.runtime import Runtime
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import job_active, plan_job
 from dispatcher.cron.zones import host_zone_name
 from dispatcher.gateway.lock import read_holder
 from dispatcher.gateway.statusfile import read_status
 from dispatcher.kanban.store import SqliteBoardStore
-from dispatcher.runtime import Runtime
 from scope.abc import CallerKind
 from scope.errors import ScopeUnavailable
 from scope.foundation.errors import DispatchError

@@ -5,10 +5,12 @@ registry (its follower thread watches every session), register the finish listen
 keeper left by the previous instance (finalizing those that ended meanwhile), reconcile the
 board, then let cron catch up and start. Only then is ``READY=1`` sent.
 
-The main thread owns the kanban dispatcher: it sleeps in ``select()`` on a self-pipe (signals,
+The main thread owns the kanban dispatcher: it sleeps in ``poll()`` on a self-pipe (signals,
 finished sessions) and the wake socket (pokes from ``dispatch kanban`` commands in other
-processes), and ticks when woken, when the board version moved, or when the safety tick is due.
-Cron runs on its own APScheduler thread.
+processes) until the deadline the last :meth:`Gateway.step` returned, then steps again. One step
+ticks kanban when woken, when the board version moved, or when the safety tick is due, and pings
+the watchdog and refreshes the status when theirs are; it takes ``now`` from the caller, so tests
+drive it with a fake clock. Cron runs on its own APScheduler thread (:mod:`dispatcher.cron.waker`).
 
 On SIGTERM/SIGINT it stops deciding, flushes state and exits 0, leaving every worker running:
 scoped workers survive the unit's stop; degraded ones are named in the log because they will
@@ -26,21 +28,21 @@ import resource
 import select
 import signal
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dispatcher.app.runtime import Runtime, open_runtime
+from dispatcher.app.wake import WakeSocket
 from dispatcher.config import load_config
 from dispatcher.cron.scheduler import CronScheduler
+from dispatcher.cron.waker import CronWaker
 from dispatcher.gateway.lock import ServeLock
 from dispatcher.gateway.notify import Notifier
 from dispatcher.gateway.statusfile import ServeStatus, write_status
-from dispatcher.gateway.wake import WakeSocket
 from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.store import SqliteBoardStore
-from dispatcher.runtime import Runtime, open_runtime
 from dispatcher.settings import Settings
 from registry.abc import Session
 from scope.abc import CallerKind, Placement
@@ -106,10 +108,13 @@ class Gateway:
         self._started_at = self.clock.time()
         self._runtime: Runtime | None = None
         self._cron: CronScheduler | None = None
+        self._cron_waker: CronWaker | None = None
         self._kanban: KanbanDispatcher | None = None
         self._store: SqliteBoardStore | None = None
         self._board_version = -1
         self._ticks = 0
+        self._next_safety = self._next_status = self._next_poll = 0.0
+        self._next_watchdog: float | None = None
 
     # -- signals and wake-ups ----------------------------------------------------------------
 
@@ -172,6 +177,11 @@ class Gateway:
 
     # -- life cycle --------------------------------------------------------------------------
 
+    @property
+    def kanban_ticks(self) -> int:
+        """Kanban ticks done since start (reported in the status file)."""
+        return self._ticks
+
     def run(self) -> int:
         """Serve until asked to stop; returns the exit status (0, 1 or 75)."""
         lock = ServeLock(self.state_dir)
@@ -185,7 +195,7 @@ class Gateway:
                 wake = WakeSocket(self.state_dir)
             except OSError as err:
                 log.warning("no wake socket (%s); new cards wait for the next board poll", err)
-            self._start()
+            self.start()
             status = self._loop(wake)
         except DispatchError:
             raise
@@ -193,19 +203,29 @@ class Gateway:
             log.exception("gateway failed; asking the supervisor for a restart (exit 75)")
             status = EXIT_RESTART
         finally:
-            self._shutdown()
+            self.shutdown()
             if wake is not None:
                 wake.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             logging.getLogger("dispatch").removeHandler(self.errors)
-            os.close(self._pipe_r)
-            os.close(self._pipe_w)
+            self.close()
             lock.release()
         return status
 
-    def _start(self) -> None:
-        begun = time.monotonic()
+    def close(self) -> None:
+        """Close the self-pipe (after :meth:`shutdown`; :meth:`run` calls it)."""
+        for fd in (self._pipe_r, self._pipe_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._pipe_r = self._pipe_w = -1
+
+    def start(self) -> None:
+        """Open the registry, adopt, reconcile the board, start cron, send ``READY=1``.
+
+        :meth:`run` calls it after taking the lock; tests that drive :meth:`step` call it and
+        :meth:`shutdown` themselves."""
+        begun = self.clock.monotonic()
         runtime = open_runtime(
             self.settings,
             self.state_dir,
@@ -227,6 +247,21 @@ class Gateway:
             environ=self.environ,
             state_dir=self.state_dir,
         )
+        self._cron_waker = CronWaker(self._cron)
+        self._adopt_at_start(runtime)
+        runtime.registry.prune()
+        self._tick_kanban("start")
+        self._cron_waker.start()
+        self._schedule_from(self.clock.monotonic())
+        self.notifier.ready(self._refresh_status())
+        log.info(
+            "dispatch serve ready in %.0f ms (pid %d, state dir %s)",
+            (self.clock.monotonic() - begun) * 1000,
+            os.getpid(),
+            self.state_dir,
+        )
+
+    def _adopt_at_start(self, runtime: Runtime) -> None:
         adopted = runtime.registry.adopt()
         lost = [s for s in adopted if s.state.value == "lost"]
         running = [s for s in adopted if not s.finished]
@@ -240,16 +275,6 @@ class Gateway:
             log.warning(
                 "worker %s (%s) was lost: %s", session.id, session.owner, session.completion_reason
             )
-        runtime.registry.prune()
-        self._tick_kanban("start")
-        self._cron.start()
-        self.notifier.ready(self._refresh_status())
-        log.info(
-            "dispatch serve ready in %.0f ms (pid %d, state dir %s)",
-            (time.monotonic() - begun) * 1000,
-            os.getpid(),
-            self.state_dir,
-        )
 
     def _make_kanban(self, settings: Settings) -> KanbanDispatcher:
         assert self._runtime is not None and self._store is not None
@@ -265,25 +290,62 @@ class Gateway:
             adopt=False,
         )
 
-    def _loop(self, wake: WakeSocket | None) -> int:
-        safety = self.settings.serve.safety_tick
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _schedule_from(self, now: float) -> None:
+        """Set every periodic deadline from monotonic instant ``now``."""
         watchdog = self.notifier.watchdog_interval
-        now = time.monotonic()
-        next_safety = now + safety
-        next_status = now + STATUS_INTERVAL
-        next_poll = now + BOARD_POLL
-        next_watchdog = now + watchdog if watchdog else None
+        self._next_safety = now + self.settings.serve.safety_tick
+        self._next_status = now + STATUS_INTERVAL
+        self._next_poll = now + BOARD_POLL
+        self._next_watchdog = now + watchdog if watchdog else None
+
+    def next_deadline(self) -> float:
+        """The monotonic instant the next :meth:`step` is due (pokes and finished workers
+        wake the loop sooner)."""
+        deadlines = [self._next_safety, self._next_status, self._next_poll]
+        if self._next_watchdog is not None:
+            deadlines.append(self._next_watchdog)
+        return min(deadlines)
+
+    def step(self, now: float, *, poked: bool = False) -> float:
+        """One pass of the loop at monotonic instant ``now``; returns :meth:`next_deadline`.
+
+        Applies a pending reload, closes the runs of finished kanban workers, checks the board
+        version when the poll is due, adopts stray sessions and ticks kanban when the safety
+        tick is due, ticks kanban when ``poked`` (a wake-socket poke) or anything above asks
+        for it, then pings the watchdog and refreshes the status when theirs are due."""
+        if self._reload:
+            self._reload = False
+            self._do_reload()
+            poked = True
+        finished = self._settle_finished()
+        due = now >= self._next_safety
+        if now >= self._next_poll:
+            self._next_poll = now + BOARD_POLL
+            poked = self._board_moved() or poked
+        if due:
+            self._adopt_strays()
+        if poked or finished or due:
+            self._tick_kanban("safety" if due and not (poked or finished) else "wake")
+            self._next_safety = self.clock.monotonic() + self.settings.serve.safety_tick
+        if self._next_watchdog is not None and now >= self._next_watchdog:
+            self.notifier.watchdog()
+            self._next_watchdog = now + (self.notifier.watchdog_interval or 1.0)
+        if now >= self._next_status:
+            self.notifier.status(self._refresh_status())
+            self._next_status = now + STATUS_INTERVAL
+        return self.next_deadline()
+
+    def _loop(self, wake: WakeSocket | None) -> int:
         # poll(), not select(): with many workers open fds can pass select's 1024 limit.
         poller = select.poll()
         poller.register(self._pipe_r, select.POLLIN)
         if wake is not None:
             poller.register(wake.fileno(), select.POLLIN)
+        deadline = self.next_deadline()
         while not self._stop:
-            now = time.monotonic()
-            deadlines = [next_safety, next_status, next_poll]
-            if next_watchdog is not None:
-                deadlines.append(next_watchdog)
-            timeout = max(0.0, min(deadlines) - now)
+            timeout = max(0.0, deadline - self.clock.monotonic())
             ready = {fd for fd, _ in poller.poll(timeout * 1000)}
             poked = False
             if self._pipe_r in ready:
@@ -294,27 +356,7 @@ class Gateway:
                 poked = wake.drain() > 0
             if self._stop:
                 break
-            if self._reload:
-                self._reload = False
-                self._do_reload()
-                poked = True
-            now = time.monotonic()
-            finished = self._settle_finished()
-            due = now >= next_safety
-            if now >= next_poll:
-                next_poll = now + BOARD_POLL
-                poked = poked or self._board_moved()
-            if due:
-                self._adopt_strays()
-            if poked or finished or due:
-                self._tick_kanban("safety" if due and not (poked or finished) else "wake")
-                next_safety = time.monotonic() + self.settings.serve.safety_tick
-            if next_watchdog is not None and now >= next_watchdog:
-                self.notifier.watchdog()
-                next_watchdog = now + (watchdog or 1.0)
-            if now >= next_status:
-                self.notifier.status(self._refresh_status())
-                next_status = now + STATUS_INTERVAL
+            deadline = self.step(self.clock.monotonic(), poked=poked)
         return EXIT_OK
 
     def _adopt_strays(self) -> None:
@@ -384,11 +426,14 @@ class Gateway:
         log.info("reloaded %s", loaded.source)
         self.notifier.ready(self._refresh_status())
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
+        """Stop cron, close finished runs, warn about degraded workers, write the final status
+        and close the runtime. Workers keep running."""
         self.notifier.stopping()
-        if self._cron is not None:
+        waker, self._cron_waker = self._cron_waker, None
+        if waker is not None:
             try:
-                self._cron.stop()
+                waker.stop()
             except Exception:
                 log.exception("stopping cron failed")
         runtime = self._runtime

@@ -87,4 +87,4 @@ COMPONENT = Component(
     name="kanban",
     migrations=[Migration(version=1, apply=V1, note="cards, parents, runs, events, meta")],
 )
-"""The kanban board's tables; listed in :func:`dispatcher.database.components`."""
+"""The kanban board's tables; listed in :func:`dispatcher.app.database.components`."""

@@ -25,11 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dispatcher.app.runtime import Runtime, open_runtime
 from dispatcher.cron.ledger import FireRecord, Ledger
 from dispatcher.cron.scheduler import CronScheduler, TickReport
 from dispatcher.cron.settings import CronJob, CronSettings, OverlapPolicy
+from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import fixed_zone
-from dispatcher.runtime import Runtime, open_runtime
 from dispatcher.settings import Settings
 from registry.abc import Owner, SpawnRequest
 from scope.abc import CallerKind
@@ -75,6 +76,7 @@ class _Setup:
             state_dir=self.root,
             zone_resolver=fixed_zone("UTC"),
         )
+        self.waker = CronWaker(self.scheduler)
         self.ledger = Ledger(self.runtime.db)
         self.reports: list[TickReport] = []
         real_tick: Callable[..., TickReport] = self.scheduler.tick
@@ -100,7 +102,7 @@ class _Setup:
         return self.runtime.registry.get(row.session_id or "").started_at
 
     def close(self) -> None:
-        self.scheduler.stop()
+        self.waker.stop()
         deadline = time.monotonic() + 60
         while self.runtime.registry.list_sessions() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -144,9 +146,9 @@ def spread_rows(count: int, period: float) -> list[Row]:
     ]
     setup = _Setup(jobs)
     try:
-        setup.scheduler.start()
+        setup.waker.start()
         rows = setup.wait_started(count, time.monotonic() + period + 60)
-        setup.scheduler.stop()
+        setup.waker.stop()
         by_job: dict[str, FireRecord] = {}
         for row in sorted(rows, key=lambda r: r.nominal):
             by_job.setdefault(row.job_id, row)
@@ -230,9 +232,9 @@ def _burst(quick: bool) -> list[Row]:
     setup = _Setup(jobs)
     try:
         per_spawn = _spawn_cost(setup, 5 if quick else 20)
-        setup.scheduler.start()
+        setup.waker.start()
         rows = setup.wait_started(count, time.monotonic() + 10 + count * per_spawn * 4)
-        setup.scheduler.stop()
+        setup.waker.stop()
         committed = {r.id: rep.committed for rep in setup.reports for r in rep.decided}
         decided = [
             committed[r.id] - r.nominal

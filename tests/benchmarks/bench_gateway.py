@@ -5,7 +5,7 @@ manager (the host's, or a private one booted like the test suite does), so kanba
 placed in their own scopes exactly as in production.
 
 (a) *latency*: cards are added one at a time through the kanban Board API (a
-:class:`~dispatcher.kanban.workspace.Workspace` per card, as ``dispatch kanban add`` does: open,
+:class:`~dispatcher.app.workspace.Workspace` per card, as ``dispatch kanban add`` does: open,
 add, close, which pokes the gateway). Each worker's first instruction writes ``$EPOCHREALTIME``
 (bash, no extra exec) to a file; the figure is that instant minus ``time.time()`` right after
 the commit that made the card ready, p50/p99. The next card is added once the previous one is
@@ -42,8 +42,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
-from dispatcher.kanban.workspace import Workspace
 from tests.benchmarks.common import REPO_ROOT, Row, median, percentile, ratio
 from tests.support.systemd import ManagerUnavailable, SystemdManager, acquire_manager
 from tests.support.wait import wait_for
@@ -88,7 +88,7 @@ sys.argv[0] = "dispatch"
 runpy.run_module("dispatcher.cli.main", run_name="__main__", alter_sys=True)
 """
 ADOPT = "ProcessRegistry.adopt"
-SHUTDOWN = "Gateway._shutdown"
+SHUTDOWN = "Gateway.shutdown"
 TIMED = (f"registry.process:{ADOPT}", f"dispatcher.gateway.serve:{SHUTDOWN}")
 
 _ADOPTED = re.compile(r"adopted (\d+) running workers")
@@ -160,7 +160,7 @@ class Serve:
     def restart(self) -> dict[str, float]:
         """Restart and time it (seconds): ``wall`` (systemctl restart), ``stop`` (restart
         asked -> old serve gone), ``exec_ready`` (new exec -> READY=1), ``ready_in`` (serve's
-        own figure), one entry per timed method (``Gateway._shutdown`` is the old serve's), and
+        own figure), one entry per timed method (``Gateway.shutdown`` is the old serve's), and
         ``adopted`` (the running workers the new serve reported)."""
         assert self.unit is not None
         offset = self.log.stat().st_size if self.log.exists() else 0

@@ -8,12 +8,12 @@ only when some run is actually open. ``tick`` always opens it.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from dispatcher.database import open_state
+from dispatcher.app.database import open_state
+from dispatcher.app.wake import poke
 from dispatcher.kanban.board import Board
 from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.faults import FaultPoint
@@ -23,6 +23,9 @@ from dispatcher.settings import Settings
 from registry.abc import Registry
 from scope.abc import CallerKind
 from scope.foundation.clock import Clock, SystemClock
+
+if TYPE_CHECKING:
+    from dispatcher.app.runtime import Runtime
 
 
 class Workspace:
@@ -49,7 +52,7 @@ class Workspace:
         self.board = Board(
             self.store, settings.kanban, registry=self.registry, state_dir=self.state_dir
         )
-        self._runtime: Any = None
+        self._runtime: Runtime | None = None
         self._dispatcher: KanbanDispatcher | None = None
         self._opened_version = self.store.board_version()
 
@@ -57,11 +60,12 @@ class Workspace:
         """The current wall time."""
         return self.clock.time()
 
-    def _open_runtime(self) -> Any:
+    def _open_runtime(self) -> Runtime:
         if self._runtime is None:
-            # Imported on demand: adding a card must not pay for the scope layer.
-            runtime = importlib.import_module("dispatcher.runtime")
-            self._runtime = runtime.open_runtime(
+            # Imported on demand: adding a card must not pay for the registry and scope layer.
+            from dispatcher.app.runtime import open_runtime
+
+            self._runtime = open_runtime(
                 self.settings,
                 self.state_dir,
                 self.environ,
@@ -74,8 +78,7 @@ class Workspace:
 
     def registry(self) -> Registry:
         """The process registry (opened on first use)."""
-        registry: Registry = self._open_runtime().registry
-        return registry
+        return self._open_runtime().registry
 
     def dispatcher(self) -> KanbanDispatcher:
         """The dispatcher for this command (opens the registry)."""
@@ -89,7 +92,7 @@ class Workspace:
                 caller=self.caller,
                 config_path=self.config_path,
                 environ=self.environ,
-                scoper=getattr(runtime, "scoper", None),
+                scoper=runtime.scoper,
                 adopt=True,
                 fault=FaultPoint.from_environ(self.environ),
             )
@@ -113,6 +116,4 @@ class Workspace:
         finally:
             self.db.close()
         if changed:
-            from dispatcher.gateway.wake import poke
-
             poke(self.state_dir)

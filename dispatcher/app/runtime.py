@@ -17,9 +17,9 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from dispatcher.database import open_state
+from dispatcher.app.database import open_state
 from dispatcher.settings import Settings
 from registry.process import ProcessRegistry
 from registry.state import StateDB
@@ -36,10 +36,23 @@ from scope.abc import (
 )
 from scope.foundation.clock import Clock
 
-if TYPE_CHECKING:
-    from dispatcher.cli.context import Context
+__all__ = ["CommandScope", "Runtime", "open_runtime", "policy_of", "runtime_from_context"]
 
-__all__ = ["Runtime", "open_runtime", "policy_of", "runtime_from_context"]
+
+class CommandScope(Protocol):
+    """What :func:`runtime_from_context` needs from a command's context (the CLI's
+    ``Context`` is one; this layer must not import the CLI above it)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def state_dir(self) -> Path: ...
+
+    @property
+    def environ(self) -> Mapping[str, str]: ...
+
+    def on_close(self, closer: Any) -> None: ...
 
 
 def policy_of(settings: Settings) -> Policy:
@@ -192,7 +205,7 @@ def open_runtime(
 
 
 def runtime_from_context(
-    ctx: Context,
+    ctx: CommandScope,
     *,
     caller_kind: CallerKind = CallerKind.CLI,
     follow: bool = False,

@@ -8,24 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dispatcher.cron.ledger import COMPONENT as CRON_COMPONENT
+from dispatcher.kanban.schema import COMPONENT as KANBAN_COMPONENT
 from registry.state import Component, StateDB
+from registry.store import COMPONENT as REGISTRY_COMPONENT
 
 
 def components() -> list[Component]:
     """All components, lowest package first."""
-    found: list[Component] = []
-    # Later issues append their components here (registry sessions/events, cron ledger,
-    # kanban board).
-    from registry.store import COMPONENT as REGISTRY_COMPONENT
-
-    found.append(REGISTRY_COMPONENT)
-    from dispatcher.kanban.schema import COMPONENT as KANBAN_COMPONENT
-
-    found.append(KANBAN_COMPONENT)
-    from dispatcher.cron.ledger import COMPONENT as CRON_COMPONENT
-
-    found.append(CRON_COMPONENT)
-    return found
+    return [REGISTRY_COMPONENT, KANBAN_COMPONENT, CRON_COMPONENT]
 
 
 def open_state(state_dir: Path) -> StateDB:
