@@ -98,7 +98,7 @@ COMPONENT = Component(
         Migration(version=2, apply=V2_SCHEMA, note="events, handoffs, notification columns"),
     ],
 )
-"""The registry's tables; listed in :func:`dispatcher.database.components`."""
+"""The registry's tables; listed in :func:`dispatcher.app.database.components`."""
 
 
 @dataclass(frozen=True, kw_only=True)

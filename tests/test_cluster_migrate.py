@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.app.database import open_state
 from dispatcher.cluster.board import PgBoardStore
 from dispatcher.cluster.database import ClusterDB, ClusterError
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cluster.migrate import migrate
 from dispatcher.cron.ledger import Kind, Ledger, Status
-from dispatcher.database import open_state
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,

@@ -136,13 +136,15 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ),
     ("cron", 1, ("dispatcher.cron",)),
     ("kanban", 1, ("dispatcher.kanban",)),
+    # The PostgreSQL side of the board-store and ledger seams stands on both.
+    ("cluster", 2, ("dispatcher.cluster",)),
     (
         "app",
-        2,
+        3,
         ("dispatcher.app", "dispatcher.settings", "dispatcher.config", "dispatcher.configdoc"),
     ),
-    ("gateway", 3, ("dispatcher.gateway",)),
-    ("cli", 4, ("dispatcher.cli",)),
+    ("gateway", 4, ("dispatcher.gateway",)),
+    ("cli", 5, ("dispatcher.cli",)),
 )
 _RANK = {layer: rank for layer, rank, _ in DISPATCHER_LAYERS}
 

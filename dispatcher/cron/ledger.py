@@ -75,7 +75,7 @@ COMPONENT = Component(
     name="cron",
     migrations=[Migration(version=1, apply=_SCHEMA_V1, note="cron ledger and job state")],
 )
-"""The cron tables, registered in :func:`dispatcher.database.components`."""
+"""The cron tables, registered in :func:`dispatcher.app.database.components`."""
 
 
 class Status(enum.StrEnum):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.app.database import open_state
 from dispatcher.cluster.board import PgBoardStore
 from dispatcher.cluster.database import ClusterDB
-from dispatcher.database import open_state
 from dispatcher.kanban.abc import BoardStore, ClaimVerdict
 from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
 from dispatcher.kanban.memory import MemoryBoardStore

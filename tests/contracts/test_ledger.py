@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from dispatcher.app.database import open_state
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.ledger import Kind, Ledger, Status
-from dispatcher.database import open_state
 
 NOW = 1_800_000_000.0
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
