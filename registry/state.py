@@ -8,8 +8,24 @@ component is newer than the code's is refused (downgrades are not supported; the
 untouched).
 
 Concurrency: several ``dispatch`` processes share the file. Writers take the lock up front
-(``BEGIN IMMEDIATE``) and wait up to ``busy_timeout`` for it, so nobody sees "database is
-locked" under normal contention. Within a process one connection is shared behind a lock.
+(``BEGIN IMMEDIATE``) and wait up to ``busy_timeout`` for it (retrying the few busy answers
+SQLite gives without calling its busy handler), so nobody sees "database is locked" under normal
+contention. Within a process one connection is shared behind a lock.
+
+Damage is named, not fatal: SQLite's "file is not a database", "database disk image is
+malformed" and "database or disk is full" become :class:`StateDamaged` and :class:`StateFull`
+(one line naming the file and the way out) at this one boundary; nothing above sees sqlite3's
+exceptions for them. The state dir and what the program trusts from it must be ours and not
+writable by anyone else (:func:`ensure_private_dir`, :class:`UnsafeStatePath`), like ssh's
+strict modes.
+
+Errors (joining :class:`registry.errors.StateError`)::
+
+    StateError
+    ├── StateDamaged       the file is not a database or is malformed (restore or move aside)
+    ├── StateFull          no space left for a write (resumes by itself once space returns)
+    └── UnsafeStatePath    a state path is owned by someone else, group/other-writable or a
+                           symlink where none may be
 
 The registry owns this module because it is the lowest package that stores anything; it knows
 nothing about the tables other packages register.
@@ -28,6 +44,105 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry.errors import StateError
+
+_DAMAGED_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+_FULL_CODES = frozenset({sqlite3.SQLITE_FULL})
+_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+_WORDING = (
+    ("database disk image is malformed", sqlite3.SQLITE_CORRUPT),
+    ("file is not a database", sqlite3.SQLITE_NOTADB),
+    ("database or disk is full", sqlite3.SQLITE_FULL),
+    ("database is locked", sqlite3.SQLITE_BUSY),
+)
+
+
+class StateDamaged(StateError):
+    """The state database file is damaged or not a database at all (exit 1)."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"damaged ({detail})",
+            path=path,
+            detail=detail,
+            remedy=(
+                f"check it with 'dispatch state check', restore a backup with 'dispatch state "
+                f"restore BACKUP', or move it aside ('mv {path} {path}.damaged') to start empty"
+            ),
+        )
+
+
+class StateFull(StateError):
+    """A write found no space left on the state dir's file system (exit 1); nothing stored
+    is lost and writes succeed again by themselves once space returns."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"no space left to write ({detail})",
+            path=path,
+            detail=detail,
+            remedy="free space on its file system; stored state is intact and writes resume",
+        )
+
+
+class UnsafeStatePath(StateError):
+    """A path under the state dir that the program executes or trusts is not private to the
+    running user (exit 1; nothing is run)."""
+
+    def __init__(self, path: str, problem: str, remedy: str) -> None:
+        super().__init__(problem, path=path, remedy=remedy)
+
+    def describe(self) -> str:
+        return f"unsafe state path {self.fields['path']}: {self.fields['problem']}"
+
+
+def translate(err: sqlite3.Error, path: Path | str) -> StateError | None:
+    """Our error for a sqlite3 error that means damage, a full disk or a lock that outlasted
+    the busy timeout; None for anything else (constraint violations stay with their caller)."""
+    code = getattr(err, "sqlite_errorcode", None)
+    text = str(err)
+    if isinstance(code, int):
+        primary = code & 0xFF
+    else:  # an error raised by the sqlite3 module itself carries no code: SQLite's wording
+        primary = next((c for words, c in _WORDING if words in text), sqlite3.SQLITE_ERROR)
+    if primary in _DAMAGED_CODES:
+        return StateDamaged(str(path), text)
+    if primary in _FULL_CODES:
+        return StateFull(str(path), text)
+    if primary in _BUSY_CODES:
+        return StateError(
+            f"stayed locked ({text})", path=str(path), remedy="another process holds it; retry"
+        )
+    return None
+
+
+def _is_busy(err: sqlite3.Error) -> bool:
+    code = getattr(err, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in _BUSY_CODES
+    return "locked" in str(err) or "busy" in str(err)
+
+
+SPACE_RESERVE = 4 * 1024 * 1024
+"""Bytes that must stay free on the state dir's file system before new work is claimed: a
+claim, its session directory and the first output need a little room, and a database write
+that meets a full disk fails instead of landing half-done."""
+
+
+def space_problem(state_dir: Path, reserve: int = SPACE_RESERVE) -> str | None:
+    """Why no new work should be claimed for lack of space on ``state_dir``, or None."""
+    try:
+        info = os.statvfs(state_dir)
+    except OSError:
+        return None  # unknown: let the write itself report what is wrong
+    free = info.f_bavail * info.f_frsize
+    if free >= reserve:
+        return None
+    return (
+        f"the state dir {state_dir} is nearly full ({free // 1024} KiB free, "
+        f"{reserve // 1024} KiB needed): no new claims until space returns; running "
+        "workers keep running"
+    )
+
 
 FORMAT_VERSION = 1
 """Version of the bookkeeping itself (``PRAGMA user_version``)."""
@@ -62,15 +177,58 @@ class Component:
         return len(self.migrations)
 
 
-def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) with mode 0700; tighten it when it is ours and looser."""
+def ensure_private_dir(path: Path, *, allow_symlink: bool = True) -> Path:
+    """Create ``path`` (and parents) with mode 0700 and check that it is private.
+
+    An existing directory must be owned by the running user and not writable by group or
+    others (then refused with :class:`UnsafeStatePath`: another user could plant files the
+    program trusts); one that is merely readable by others is tightened to 0700. With
+    ``allow_symlink=False`` the last component must not be a symlink (a cache of code)."""
+    path = Path(path)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not allow_symlink and path.is_symlink():
+        raise UnsafeStatePath(
+            str(path),
+            "is a symlink",
+            remedy=f"remove the link ('rm {path}'); dispatch recreates the directory",
+        )
     info = path.stat()
     if not stat.S_ISDIR(info.st_mode):
         raise StateError("not a directory", path=str(path))
-    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
+    check_private(path, info)
+    if stat.S_IMODE(info.st_mode) & 0o077:
         os.chmod(path, 0o700)
     return path
+
+
+def check_private(path: Path, info: os.stat_result | None = None) -> None:
+    """Refuse ``path`` unless the running user owns it and group/others cannot write it."""
+    info = path.lstat() if info is None else info
+    uid = os.getuid()
+    if info.st_uid != uid:
+        raise UnsafeStatePath(
+            str(path),
+            f"owned by {_user_name(info.st_uid)}, not by the running user ({_user_name(uid)})",
+            remedy=f"use a state dir you own (--state-dir), or 'chown -R {_user_name(uid)} {path}'"
+            " if its content is trusted",
+        )
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        mode = stat.S_IMODE(info.st_mode)
+        fix = "700" if stat.S_ISDIR(info.st_mode) else "600"
+        raise UnsafeStatePath(
+            str(path),
+            f"writable by group or others (mode {mode:04o})",
+            remedy=f"'chmod {fix} {path}' once you have checked its content",
+        )
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 class StateDB:
@@ -133,6 +291,8 @@ class StateDB:
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.OperationalError as err:
             conn.close()
+            if "malformed" in str(err) or "not a database" in str(err):
+                raise StateDamaged(str(self.path), str(err)) from None
             if "locked" in str(err) or "busy" in str(err):
                 raise StateError(
                     f"stayed locked for {self.busy_timeout:g} s while opening",
@@ -146,11 +306,7 @@ class StateDB:
             ) from None
         except sqlite3.DatabaseError as err:
             conn.close()
-            raise StateError(
-                f"not a usable SQLite database ({err})",
-                path=str(self.path),
-                remedy="move the file away or use another --state-dir",
-            ) from None
+            raise translate(err, self.path) or StateDamaged(str(self.path), str(err)) from None
         conn.row_factory = sqlite3.Row
         return conn
 
@@ -224,33 +380,70 @@ class StateDB:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (``BEGIN IMMEDIATE``): committed on success, else rolled back."""
+        """One write transaction (``BEGIN IMMEDIATE``): committed on success, else rolled back.
+
+        Damage and a full disk raise :class:`StateDamaged` / :class:`StateFull`; the
+        transaction is rolled back, so what was stored before stays as it was."""
         with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as err:
-                raise StateError(
-                    f"cannot start a write ({err})",
-                    path=str(self.path),
-                    remedy="another process holds the database; retry",
-                ) from None
+            self._begin("BEGIN IMMEDIATE")
             try:
                 yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            else:
                 self._conn.execute("COMMIT")
+            except sqlite3.Error as err:
+                self._rollback()
+                raise translate(err, self.path) or err from None
+            except BaseException:
+                self._rollback()
+                raise
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
         """A consistent read snapshot (a deferred transaction)."""
         with self._lock:
-            self._conn.execute("BEGIN")
+            self._begin("BEGIN")
             try:
                 yield self._conn
-            finally:
+            except sqlite3.Error as err:
+                self._rollback()
+                raise translate(err, self.path) or err from None
+            except BaseException:
+                self._rollback()
+                raise
+            else:
                 self._conn.execute("COMMIT")
+
+    def _begin(self, statement: str) -> None:
+        """Start a transaction, retrying busy answers until the busy timeout.
+
+        SQLite calls its busy handler for most waits but answers some at once (a WAL being
+        recovered or restarted by another connection); those are retried here with a short,
+        growing pause, so contention never reaches the user as "database is locked"."""
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.001
+        while True:
+            try:
+                self._conn.execute(statement)
+                return
+            except sqlite3.Error as err:
+                if _is_busy(err) and time.monotonic() < deadline:
+                    time.sleep(delay)  # bounded back-off: another process holds the lock
+                    delay = min(delay * 2, 0.05)
+                    continue
+                translated = translate(err, self.path)
+                if translated is not None and not _is_busy(err):
+                    raise translated from None
+                raise StateError(
+                    f"cannot start a transaction ({err})",
+                    path=str(self.path),
+                    remedy="another process holds the database; retry",
+                ) from None
+
+    def _rollback(self) -> None:
+        # A damaged or full database may refuse the rollback too; SQLite has then already
+        # rolled the transaction back itself.
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
 
     def versions(self) -> dict[str, int]:
         """Recorded schema version of every component in the file."""

@@ -93,7 +93,7 @@ def test_failed_migration_changes_nothing(tmp_path: Path) -> None:
 
 def test_garbage_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "s.db").write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(StateError, match="not a usable SQLite database"):
+    with pytest.raises(StateError, match=r"damaged \(file is not a database\).*state restore"):
         StateDB(tmp_path / "s.db", [V1])
 
 

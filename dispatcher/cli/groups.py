@@ -20,6 +20,7 @@ GROUPS: dict[str, str] = {
     "cron": "Cron jobs: list, next, run, history, pause, resume.",
     "kanban": "Kanban board: add, list, show, edit, tick, complete, block, board, ...",
     "hosts": "Cluster mode: the hosts sharing the cluster database, their leases and skew.",
+    "state": "State database: check its integrity, back it up, restore a backup.",
 }
 
 VALUE_OPTIONS = ("--config", "--state-dir")

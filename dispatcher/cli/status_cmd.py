@@ -1,5 +1,6 @@
 """``dispatch status [--json]``: is serve running, placement now, workers, cards, next fires,
-recent errors. Exit 0 (this reports; ``dispatch doctor`` judges health)."""
+recent errors. Exit 0 (this reports; ``dispatch doctor`` judges health), except exit 1 when the
+state database is unusable (then only whether serve runs, and the error)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.timefmt import iso
+from registry.errors import StateError
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -25,13 +27,34 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     from dispatcher.app.runtime import runtime_from_context
     from dispatcher.gateway.report import status_document
 
-    runtime = runtime_from_context(ctx)
-    doc = status_document(runtime, ctx.environ, fires=max(0, args.fires))
+    try:
+        runtime = runtime_from_context(ctx)
+        doc = status_document(runtime, ctx.environ, fires=max(0, args.fires))
+    except StateError as err:
+        _without_database(ctx, err)
+        raise
     if ctx.json:
         ctx.emit_json(_json(doc))
         return 0
     _human(ctx, doc)
     return 0
+
+
+def _without_database(ctx: Context, err: StateError) -> None:
+    """What can be said while the state database is unusable: whether a gateway runs (its
+    workers do not need the database); the error line itself follows on stderr (exit 1)."""
+    from dispatcher.gateway.lock import read_holder
+
+    holder = read_holder(ctx.state_dir)
+    if ctx.json:
+        serve: dict[str, Any] = {"running": holder is not None}
+        if holder is not None:
+            serve.update(pid=holder.pid, started_at=iso(holder.started_at))
+        ctx.emit_json({"serve": serve, "state_error": err.to_dict()})
+    elif holder is not None:
+        ctx.out(f"serve:      running, pid {holder.pid}; its workers keep running")
+    else:
+        ctx.out("serve:      not running")
 
 
 def _json(doc: dict[str, Any]) -> dict[str, Any]:
