@@ -10,7 +10,8 @@ per-session keeper script), :mod:`registry.launch` (starting it), :mod:`registry
 :mod:`registry.prune`. Events: :mod:`registry.events` (the durable event table),
 :mod:`registry.notifier` (heartbeat and watch events on one timer thread),
 :mod:`registry.heartbeat`, :mod:`registry.watch`, and the output hooks :mod:`registry.hooks`
-with :mod:`registry.redact`. :mod:`registry.state` is the shared state database.
+with :mod:`registry.redact`. :mod:`registry.state` is the shared state database;
+:mod:`registry.backup` checks, copies and restores it.
 """
 
 __version__ = "0.1.0"

@@ -4,19 +4,26 @@ Python never caches the compilation of a script it runs, and compiling ``keeper.
 than all of the keeper's start-up work, so the keeper is compiled once per source version into
 the private state dir and that bytecode file is run (``python file.pyc`` executes compiled code
 directly). The source file is the fallback.
+
+That file is code we run, so it is trusted only as far as ssh trusts ``authorized_keys``: the
+cache dir must be ours, private and not a symlink, and the bytecode's hash must equal the one
+recorded when we compiled it from the current source (checked before every spawn; a mismatch is
+rebuilt, a foreign-owned or writable file refused).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import select
+import stat
 import sys
 from pathlib import Path
 
 from registry.abc import SpawnRequest
-from registry.state import ensure_private_dir
+from registry.state import UnsafeStatePath, check_private, ensure_private_dir
 from scope.foundation.errors import UsageError
 
 __all__ = ["KEEPER_SCRIPT", "await_ready", "keeper_command", "worker_argv"]
@@ -32,7 +39,11 @@ def keeper_command(python: str | None = None, cache_dir: Path | None = None) -> 
     Python never caches the compilation of a script it runs, and compiling the keeper costs
     more than all its start-up work; so when ``python`` is this interpreter the keeper is
     compiled once into ``cache_dir`` (the private state dir) and the bytecode file is run
-    (``python file.pyc`` runs compiled code directly). Falls back to the source file."""
+    (``python file.pyc`` runs compiled code directly). Falls back to the source file.
+
+    Called before every spawn: the bytecode is code we execute, so the cache dir must be a
+    private directory (not a symlink) and the file ours, private and equal to what was
+    compiled (:class:`~registry.state.UnsafeStatePath` otherwise; a mismatch is rebuilt)."""
     python = python or sys.executable
     if python == sys.executable and cache_dir is not None:
         compiled = _compiled_keeper(Path(cache_dir))
@@ -42,34 +53,82 @@ def keeper_command(python: str | None = None, cache_dir: Path | None = None) -> 
 
 
 def _compiled_keeper(cache_dir: Path) -> Path | None:
-    import hashlib
-    import py_compile
-
     try:
         source = KEEPER_SCRIPT.read_bytes()
-        digest = hashlib.sha256(source).hexdigest()[:16]
-        target = cache_dir / f"keeper-{digest}.{sys.implementation.cache_tag}.pyc"
-        if target.exists():
-            return target
-        ensure_private_dir(cache_dir)
-        tmp = cache_dir / f".{target.name}.{os.getpid()}.tmp"
-        py_compile.compile(
-            str(KEEPER_SCRIPT),
-            cfile=str(tmp),
-            doraise=True,
-            invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
-        )
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, target)
-        for old in cache_dir.glob("keeper-*.pyc"):
-            if old != target:
-                # A running keeper already holds its code in memory; the file is not needed.
-                with contextlib.suppress(OSError):
-                    old.unlink()
+    except OSError as err:
+        _log.debug("running the keeper from source: %s", err)
+        return None
+    source_hash = hashlib.sha256(source).hexdigest()
+    target = cache_dir / f"keeper-{source_hash[:16]}.{sys.implementation.cache_tag}.pyc"
+    # Refuses a symlinked, foreign or group/other-writable cache (raises UnsafeStatePath).
+    ensure_private_dir(cache_dir, allow_symlink=False)
+    if _verified(target, source_hash):
         return target
+    import py_compile  # only when compiling: it costs the CLI start-up time otherwise
+
+    try:
+        return _compile(cache_dir, target, source_hash)
     except (OSError, py_compile.PyCompileError) as err:
         _log.debug("running the keeper from source: %s", err)
         return None
+
+
+def _record_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _verified(target: Path, source_hash: str) -> bool:
+    """Whether ``target`` is the bytecode we compiled from ``source_hash`` (its recorded hash
+    matches); False when it is absent or differs (it is then rebuilt)."""
+    try:
+        info = target.lstat()
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+        raise UnsafeStatePath(
+            str(target),
+            "is not a regular file",
+            remedy=f"remove it ('rm {target}'); dispatch compiles the keeper again",
+        )
+    check_private(target, info)
+    record = _record_path(target)
+    try:
+        check_private(record)
+        recorded = record.read_text(encoding="ascii").split()
+    except (OSError, UnicodeDecodeError):
+        return False
+    actual = hashlib.sha256(target.read_bytes()).hexdigest()
+    if recorded == [actual, source_hash]:
+        return True
+    _log.warning("keeper bytecode %s does not match what was compiled; rebuilding it", target)
+    return False
+
+
+def _compile(cache_dir: Path, target: Path, source_hash: str) -> Path:
+    import py_compile
+
+    tmp = cache_dir / f".{target.name}.{os.getpid()}.tmp"
+    py_compile.compile(
+        str(KEEPER_SCRIPT),
+        cfile=str(tmp),
+        doraise=True,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
+    os.chmod(tmp, 0o600)
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    record_tmp = cache_dir / f".{target.name}.{os.getpid()}.sha256.tmp"
+    fd = os.open(record_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as handle:
+        handle.write(f"{digest} {source_hash}\n")
+    # Bytecode first, then its record: a crash in between leaves a mismatch, rebuilt next time.
+    os.replace(tmp, target)
+    os.replace(record_tmp, _record_path(target))
+    for old in cache_dir.glob("keeper-*.pyc*"):
+        if old not in (target, _record_path(target)):
+            # A running keeper already holds its code in memory; the file is not needed.
+            with contextlib.suppress(OSError):
+                old.unlink()
+    return target
 
 
 def worker_argv(request: SpawnRequest) -> list[str]:

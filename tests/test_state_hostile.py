@@ -1,0 +1,155 @@
+"""A state dir that could run foreign code is refused (ssh's strict modes), and the cached keeper
+bytecode is verified against what was compiled before every use."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from registry.launch import KEEPER_SCRIPT, keeper_command
+from registry.state import UnsafeStatePath
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOT_ONLY = pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    values = dict(os.environ)
+    values["DISPATCH_STATE_DIR"] = str(tmp_path / "state")
+    values["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    values.pop("DISPATCH_CONFIG", None)
+    return values
+
+
+def dispatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+
+
+def one_line_refusal(done: subprocess.CompletedProcess[str], path: Path, fix: str) -> None:
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert str(path) in lines[0] and fix in lines[0] and "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def planted(tmp_path: Path) -> tuple[Path, Path]:
+    """A marker path and a bytecode file that creates it when run."""
+    marker = tmp_path / "pwned"
+    source = tmp_path / "evil.py"
+    source.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    import py_compile
+
+    compiled = Path(py_compile.compile(str(source), cfile=str(tmp_path / "evil.pyc")))
+    return marker, compiled
+
+
+def cached_keeper(state: Path) -> Path:
+    argv = keeper_command(sys.executable, state / "cache")
+    return Path(argv[-1])
+
+
+@ROOT_ONLY
+def test_foreign_owned_state_dir_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    os.chown(state, nobody, nobody)
+    done = dispatch(env, "run", "--", "true")
+    one_line_refusal(done, state, "chown")
+    assert "owned by nobody" in done.stderr
+    assert os.listdir(state) == []  # nothing created, nothing run
+
+
+def test_group_writable_cache_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    assert dispatch(env, "run", "--wait", "--", "true").returncode == 0
+    os.chmod(state / "cache", 0o770)
+    done = dispatch(env, "run", "--", "true")
+    one_line_refusal(done, state / "cache", "chmod 700")
+    assert not (state / "sessions").exists() or len(os.listdir(state / "sessions")) == 1
+
+
+def test_group_writable_state_dir_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o777)
+    one_line_refusal(dispatch(env, "ps"), state, "chmod 700")
+
+
+def test_symlinked_cache_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (state / "cache").symlink_to(elsewhere)
+    done = dispatch(env, "run", "--", "true")
+    one_line_refusal(done, state / "cache", "rm")
+    assert os.listdir(elsewhere) == []
+
+
+def test_swapped_bytecode_is_rebuilt_not_run(env: dict[str, str], tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    assert dispatch(env, "run", "--wait", "--", "true").returncode == 0
+    target = cached_keeper(state)
+    marker, evil = planted(tmp_path)
+    os.replace(evil, target)
+    os.chmod(target, 0o600)
+    done = dispatch(env, "run", "--wait", "--", "sh", "-c", "echo fine")
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists()
+    assert "does not match" in done.stderr
+    rebuilt = cached_keeper(state)
+    assert rebuilt == target and b"evil" not in target.read_bytes()
+
+
+@ROOT_ONLY
+def test_foreign_owned_bytecode_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    """The reported attack: the cached keeper replaced by other bytecode owned by nobody."""
+    state = tmp_path / "state"
+    assert dispatch(env, "run", "--wait", "--", "true").returncode == 0
+    target = cached_keeper(state)
+    marker, evil = planted(tmp_path)
+    os.replace(evil, target)
+    nobody = pwd.getpwnam("nobody").pw_uid
+    os.chown(target, nobody, nobody)
+    done = dispatch(env, "run", "--", "true")
+    one_line_refusal(done, target, "chown")
+    assert not marker.exists()
+
+
+def test_keeper_command_checks_before_every_use(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = keeper_command(sys.executable, cache)
+    target = Path(first[-1])
+    assert target.parent == cache and target.suffix == ".pyc"
+    record = target.with_name(target.name + ".sha256")
+    assert oct(record.stat().st_mode & 0o777) == "0o600"
+    original = target.read_bytes()
+    target.write_bytes(original + b"\0")  # same owner, other content
+    again = keeper_command(sys.executable, cache)
+    assert again == first and target.read_bytes() == original
+    os.chmod(target, 0o666)
+    with pytest.raises(UnsafeStatePath, match="writable by group or others"):
+        keeper_command(sys.executable, cache)
+    os.chmod(target, 0o600)
+    os.chmod(cache, 0o775)
+    with pytest.raises(UnsafeStatePath, match="chmod 700"):
+        keeper_command(sys.executable, cache)
+    os.chmod(cache, 0o700)
+    assert keeper_command(sys.executable, cache) == first
+    assert KEEPER_SCRIPT.exists()
