@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from registry.errors import StateError
 from registry.output import LogReader, OutputTail
 from registry.procinfo import Identity, alive
 from registry.sessiondir import SessionDir
@@ -176,6 +177,9 @@ class Follower:
                     os.read(self._wake_r, 4096)
             try:
                 timeout = self._tick(ready)
+            except StateError as err:  # named once per session; the state module says why
+                _log.error("registry follower: %s", err)
+                timeout = self.idle_interval
             except Exception:  # a bug here must not stop every completion
                 _log.exception("registry follower tick failed")
                 timeout = self.idle_interval
@@ -242,10 +246,14 @@ class Follower:
         if entry.process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 entry.process.wait(timeout=1)
-        self._on_keeper_gone(entry)
-        with self.lock:
-            self._release(entry)
-            self._entries.pop(entry.session_id, None)
+        try:
+            self._on_keeper_gone(entry)
+        finally:
+            # Even when finalizing failed (a damaged or full state database): the keeper's fd
+            # stays readable at EOF and would spin this loop; a later adopt() finalizes it.
+            with self.lock:
+                self._release(entry)
+                self._entries.pop(entry.session_id, None)
 
     def _release(self, entry: Followed) -> None:
         _close_fd(entry, "keeper_fd")

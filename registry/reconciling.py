@@ -57,6 +57,10 @@ class Reconciler:
         stored = self.note_keeper_info(stored)
         session = stored.session
         sdir = SessionDir(Path(stored.dir))
+        damage = sdir.damage()
+        if damage is not None:  # one damaged session is lost; the others carry on
+            self.finalizer.settle(session.id, lost=f"session directory damaged: {damage}")
+            return parts.load(session.id)
         if sdir.has_exit():
             self.finalizer.settle(session.id)
             return parts.load(session.id)

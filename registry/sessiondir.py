@@ -15,6 +15,11 @@ file                      writer  content
 
 The directory is 0700 and every file 0600. The keeper writes its JSON with its own tiny encoder
 (see :mod:`registry.keeper`); this module reads and writes the same shapes with :mod:`json`.
+
+A damaged directory (an exit record that is not the JSON a keeper writes, a log missing after
+the keeper started, a directory or file owned by someone else or writable by group/others) is
+named by :meth:`SessionDir.damage`: the registry reports that one session ``lost`` with the
+reason and carries on; nothing in such a directory is written or removed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import os
 import select
 import shutil
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -171,7 +177,12 @@ class SessionDir:
         os.mkfifo(self.stdin, 0o600)
 
     def remove(self, *, keep_log: bool = False) -> None:
-        """Delete the directory; with ``keep_log`` only the log and exit record stay."""
+        """Delete the directory; with ``keep_log`` only the log and exit record stay.
+
+        A directory that is not ours (or not private) is left alone."""
+        untrusted = self._untrusted()
+        if untrusted is not None and not untrusted.startswith("session directory missing"):
+            return
         if not keep_log:
             shutil.rmtree(self.path, ignore_errors=True)
             return
@@ -184,7 +195,10 @@ class SessionDir:
     # -- reading -----------------------------------------------------------------------------
 
     def read_keeper(self) -> KeeperInfo | None:
-        """keeper.json, or None while it is absent (or unreadable)."""
+        """keeper.json, or None while it is absent (or unreadable, or in a directory that is
+        not private: its pids are what a kill would signal)."""
+        if self._untrusted() is not None:
+            return None
         data = _read_json(self.keeper)
         if data is None:
             return None
@@ -194,21 +208,92 @@ class SessionDir:
             return None
 
     def read_exit(self) -> ExitRecord | None:
-        """exit.json, or None while it is absent (or unreadable)."""
-        data = _read_json(self.exit)
-        if data is None:
+        """exit.json, or None while it is absent.
+
+        A keeper replaces the record atomically, so one that does not parse was damaged after
+        the fact: it reads as a ``lost`` record naming the damage (never as "still running").
+        In a directory that is not private (:meth:`damage`) no record is trusted: None."""
+        if self._untrusted() is not None:
             return None
         try:
-            return ExitRecord.from_json(data)
-        except (KeyError, TypeError, ValueError):
+            text = self.exit.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as err:
+            return self._lost_record(f"exit record unreadable ({err.strerror})")
+        problem = _exit_problem(text)
+        if problem is not None:
+            return self._lost_record(problem)
+        return ExitRecord.from_json(json.loads(text))
+
+    def _lost_record(self, reason: str) -> ExitRecord:
+        return ExitRecord(
+            state=SessionState.LOST,
+            exit_code=None,
+            signal=None,
+            reason=f"{reason}: {self.exit}",
+            started_at=None,
+            finished_at=time.time(),
+            total_bytes=self.log_size(),
+            writer="registry",
+        )
+
+    def damage(self) -> str | None:
+        """Why this directory cannot be trusted or read, or None when it is sound.
+
+        Checked: the directory and the files the program trusts are ours and not writable by
+        group/others; the exit record parses; the log exists once the keeper has started."""
+        problem = self._untrusted()
+        if problem is not None:
+            return problem
+        try:
+            text: bytes | None = self.exit.read_bytes()
+        except FileNotFoundError:
+            text = None
+        except OSError as err:
+            return f"exit record unreadable ({err.strerror}): {self.exit}"
+        if text is not None and _exit_problem(text) is not None:
+            return f"{_exit_problem(text)}: {self.exit}"
+        started = self.keeper.exists() or self.exit.exists()
+        if started and not self.log.exists():
+            return f"output log missing: {self.log}"
+        return None
+
+    def _untrusted(self) -> str | None:
+        """Ownership and mode of the directory and its trusted files (lstat only)."""
+        uid = os.getuid()
+        try:
+            info = self.path.lstat()
+        except FileNotFoundError:
+            return f"session directory missing: {self.path}"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"session directory is not a directory: {self.path}"
+        for path in (self.path, self.spec, self.keeper, self.exit, self.log):
+            try:
+                info = path.lstat()
+            except FileNotFoundError:
+                continue
+            if info.st_uid != uid:
+                return f"owned by uid {info.st_uid}, not by the running user: {path}"
+            if stat.S_IMODE(info.st_mode) & 0o022:
+                return (
+                    f"writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}): {path}"
+                )
+            if path != self.path and not stat.S_ISREG(info.st_mode):
+                return f"not a regular file: {path}"
+        return None
 
     def has_exit(self) -> bool:
         """Whether an exit record exists (one stat)."""
         return self.exit.exists()
 
     def write_exit(self, record: ExitRecord) -> None:
-        """Write a registry-made record (the keeper is gone), atomically and durably."""
+        """Write a registry-made record (the keeper is gone), atomically and durably.
+
+        Refused (``PermissionError``) in a damaged directory: nothing there is touched."""
+        problem = self.damage()
+        if problem is not None:
+            raise PermissionError(errno.EPERM, f"session directory damaged ({problem})")
         tmp = self.path / "exit.json.registry-tmp"
         _write_private(tmp, json.dumps(record.to_json()).encode(), sync=True)
         os.replace(tmp, self.exit)
@@ -317,6 +402,25 @@ def _state_of(text: str) -> SessionState:
         return SessionState(text)
     except ValueError:
         return SessionState.EXITED
+
+
+def _exit_problem(text: bytes) -> str | None:
+    """What is wrong with an exit record's bytes, in a few words; None when it is sound."""
+    if not text.strip():
+        return "exit record empty"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        if text.lstrip().startswith(b"{"):
+            return "exit record truncated or malformed"
+        return "exit record is not JSON (garbage)"
+    try:
+        if not isinstance(data, dict):
+            raise TypeError("not an object")
+        ExitRecord.from_json(data)
+    except (KeyError, TypeError, ValueError):
+        return "exit record lacks the fields a keeper writes"
+    return None
 
 
 def _opt_int(value: Any) -> int | None:

@@ -20,7 +20,7 @@ from registry.errors import RegistryError, SpawnRefused
 from registry.finalizing import Finalizer
 from registry.guard import GatewayIdentity, gateway_kill_reason
 from registry.heartbeat import clamp_interval
-from registry.launch import await_ready, worker_argv
+from registry.launch import await_ready, keeper_command, worker_argv
 from registry.parts import LaunchOptions, Parts
 from registry.procinfo import MARKER_ENV
 from registry.reconciling import Reconciler
@@ -214,10 +214,12 @@ class Spawner:
         err_fd = os.open(
             sdir.keeper_err, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
         )
+        cache = self.parts.state_dir / "cache"
         try:
             return self.parts.scoper.launch(
                 LaunchSpec(
-                    argv=[*self.options.keeper_argv, str(sdir.spec)],
+                    # Checked again at every spawn: the cached keeper is code we execute.
+                    argv=[*keeper_command(self.options.python, cache), str(sdir.spec)],
                     env={"PATH": os.defpath, "LC_ALL": "C.UTF-8"},
                     cwd=str(sdir.path),
                     unit_parts=(*request.unit_parts, sdir.path.name),

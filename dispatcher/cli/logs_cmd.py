@@ -9,6 +9,7 @@ secret split across two reads.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import BinaryIO
@@ -159,6 +160,13 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     runtime = runtime_from_context(ctx)
     registry = runtime.registry
     session = registry.resolve(_session_id(runtime, args.id))
+    if not os.path.exists(session.log_path):
+        ctx.warn(
+            f"error: session {session.id} ({session.state.value}): output log "
+            f"{session.log_path} is missing"
+            + (f" ({session.completion_reason})" if session.state.value == "lost" else "")
+        )
+        return 1
     # Everything up to this size is printed now; -f continues from exactly there.
     offset = LogReader(session.log_path).size()
     if args.tail is not None:
