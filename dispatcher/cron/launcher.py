@@ -28,6 +28,7 @@ from dispatcher.cron.settings import CronJob
 from dispatcher.envfile import read_env_file
 from dispatcher.errors import EnvFileError
 from registry.abc import Owner, Registry, Session, SessionState, SpawnRequest
+from registry.state import space_problem
 from scope.abc import CallerKind
 from scope.errors import ManagerLost, ScopeUnavailable
 from scope.foundation.errors import DispatchError, NotFoundError
@@ -177,6 +178,17 @@ class FireRunner:
         except EnvFileError as err:
             self.finalize(
                 row.id, Outcome.FAILED_START, error=err.message, expect=(Status.SPAWNING,), job=job
+            )
+            return self.ledger.get(row.id)
+        full = space_problem(self.state_dir)
+        if full is not None:  # infrastructure, like a refused scope: never counted, next fire runs
+            self.finalize(
+                row.id,
+                Outcome.SPAWN_REFUSED,
+                error=full,
+                infrastructure=True,
+                expect=(Status.SPAWNING,),
+                job=job,
             )
             return self.ledger.get(row.id)
         session = self._spawn(row, job, request)

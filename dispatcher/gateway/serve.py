@@ -45,6 +45,7 @@ from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.settings import Settings
 from registry.abc import Session
+from registry.errors import StateError
 from scope.abc import CallerKind, Placement
 from scope.errors import ScopeUnavailable
 from scope.foundation.clock import Clock, SystemClock
@@ -115,6 +116,7 @@ class Gateway:
         self._ticks = 0
         self._next_safety = self._next_status = self._next_poll = 0.0
         self._next_watchdog: float | None = None
+        self._state_problem: str | None = None
 
     # -- signals and wake-ups ----------------------------------------------------------------
 
@@ -384,16 +386,33 @@ class Gateway:
 
     def _board_moved(self) -> bool:
         assert self._store is not None
-        version = self._store.board_version()
+        try:
+            version = self._store.board_version()
+        except StateError as err:
+            self._state_trouble(err)
+            return False
         return version != self._board_version
+
+    def _state_trouble(self, err: StateError | None) -> None:
+        """Name a damaged or full state database once (not every poll) and when it recovers;
+        workers keep running meanwhile (keepers do not need the database)."""
+        if err is not None and self._state_problem != err.message:
+            log.error("%s; workers keep running, no new claims until it is usable", err)
+        elif err is None and self._state_problem is not None:
+            log.info("state database usable again; dispatching resumes")
+        self._state_problem = None if err is None else err.message
 
     def _tick_kanban(self, why: str) -> None:
         assert self._kanban is not None
         try:
             report = self._kanban.tick(self.clock.time())
+        except StateError as err:
+            self._state_trouble(err)
+            return
         except DispatchError as err:
             log.error("kanban tick failed: %s", err)
             return
+        self._state_trouble(None)
         self._ticks += 1
         self._board_version = report.board_version
         for warning in report.warnings:
@@ -434,6 +453,8 @@ class Gateway:
         if waker is not None:
             try:
                 waker.stop()
+            except StateError as err:
+                log.error("stopping cron: %s", err)
             except Exception:
                 log.exception("stopping cron failed")
         runtime = self._runtime
@@ -458,6 +479,8 @@ class Gateway:
                 len(running) - len(degraded),
             )
             self._refresh_status(stopping=True)
+        except StateError as err:
+            log.error("final bookkeeping skipped: %s", err)
         except Exception:
             log.exception("final bookkeeping failed")
         finally:
@@ -492,6 +515,9 @@ class Gateway:
         try:
             counts = self._counts()
             placement = self.placement_now()
+        except StateError as err:
+            self._state_trouble(err)
+            return f"running; {err.describe()}; workers keep running, no new claims"
         except Exception as err:  # status must never take the gateway down
             log.exception("cannot collect the status")
             return f"running (status unavailable: {err})"

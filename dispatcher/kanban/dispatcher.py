@@ -46,6 +46,7 @@ from dispatcher.kanban.worker import (
 )
 from registry.abc import Owner, Registry, Session, SessionState
 from registry.errors import SpawnRefused
+from registry.state import space_problem
 from scope.abc import CallerKind, Placement, Scoper
 from scope.errors import ManagerLost, ScopeUnavailable
 from scope.foundation.errors import DispatchError, NotFoundError
@@ -186,7 +187,10 @@ class KanbanDispatcher:
             work.reconciled = self.reconcile(now)
             promoted = [card_id for card_id, _ in self.store.promote(now=now)]
         paused = self.store.paused()
-        if not paused:
+        full = None if dry_run else space_problem(self.worker.state_dir)
+        if full is not None:  # a claim would fail half-way (or count against the card)
+            work.warnings.append(full)
+        elif not paused:
             self._claim_ready(work, max_claims, dry_run)
         if any(d.placement == Placement.DEGRADED.value for d in work.dispatched):
             work.warnings.append(DEGRADED_WARNING)
