@@ -125,7 +125,9 @@ def test_a_poke_ticks_at_once(rig: Rig) -> None:
     ticks = rig.gateway.kanban_ticks
     rig.step_at(0.01, poked=True)
     assert rig.gateway.kanban_ticks == ticks + 1
-    assert rig.status(card_id) is CardStatus.RUNNING
+    # Claimed by that tick: running, or already closed when the quick worker ended before
+    # its spawn returned (the spawn then closes the run at once).
+    assert rig.status(card_id) in (CardStatus.RUNNING, CardStatus.DONE)
 
 
 def test_the_safety_tick_and_status_refresh_come_due_on_the_clock(rig: Rig) -> None:
