@@ -117,7 +117,7 @@ def test_oneshot_drill(home: Path, systemd_manager: SystemdManager) -> None:
         for card_id in card_ids:
             (run,) = board.store.runs_of(card_id)
             assert run.outcome is RunOutcome.COMPLETED and run.exit_code == 0
-            session_id = resolve_session_id(board.db, card_id)
+            session_id = resolve_session_id(board.store, card_id)
             assert session_id == run.session_id
             assert registry.read_log(session_id) == f"out {card_id}\n".encode()
     finally:
