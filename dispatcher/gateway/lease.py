@@ -46,7 +46,7 @@ from dispatcher.cluster.faults import ClusterFault
 from dispatcher.cluster.hosts import DuplicateHost, Hosts, Lease, Superseded, host_boot_id
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cluster.rescue import Rescuer
-from dispatcher.cluster.settings import ClusterSettings
+from dispatcher.cluster.settings import SKEW_REFUSE, SKEW_WARN, ClusterSettings
 from dispatcher.cluster.url import redact
 from dispatcher.gateway.statusfile import write_document
 from registry.abc import Registry
@@ -57,9 +57,6 @@ log = logging.getLogger("dispatch.cluster")
 
 SKEW_EVERY = 600.0
 """Seconds between clock-skew measurements (and one at start)."""
-SKEW_WARN = 1.0
-SKEW_REFUSE = 60.0
-"""At this skew or more, this host fires no cron (kanban still runs)."""
 FIRST_RETRY = 0.5
 STATUS_NAME = "cluster.json"
 
