@@ -36,6 +36,7 @@ class PgTx(Tx):
     stamp: HostStamp | None = None
 
     def insert(self, **values: Any) -> int | None:
+        values = _flags(values)
         sql = insert_sql(tuple(values)) + " ON CONFLICT DO NOTHING RETURNING id"
         row = self.conn.execute(sql, tuple(values.values())).fetchone()
         if row is None:
@@ -44,12 +45,12 @@ class PgTx(Tx):
         return int(row[0])
 
     def insert_many(self, rows: Sequence[dict[str, Any]]) -> list[int]:
-        ids = super().insert_many(rows)
+        ids = super().insert_many([_flags(row) for row in rows])
         self._own(ids)
         return ids
 
     def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
-        done = super().update(row_id, expect, **values)
+        done = super().update(row_id, expect, **_flags(values))
         if done and "claimant" in values:
             self._own([row_id])
         return done
@@ -60,6 +61,11 @@ class PgTx(Tx):
                 "UPDATE cron_fires SET host_id = ? WHERE id = ANY(?)",
                 (self.stamp.host_id, list(ids)),
             )
+
+
+def _flags(values: dict[str, Any]) -> dict[str, Any]:
+    # Flags are 0/1 integers in both schemas; SQLite takes a bool for one, PostgreSQL does not.
+    return {k: int(v) if isinstance(v, bool) else v for k, v in values.items()}
 
 
 class _LedgerDB:
