@@ -188,4 +188,3 @@ def test_a_dead_hosts_fires_are_settled_by_the_rescuer(
     finally:
         a.close()
         b.close()
-
