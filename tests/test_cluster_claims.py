@@ -180,7 +180,8 @@ if step == "claim_counted":
     store.claim(card, now=1.0, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=9))
 else:
     hosts = Hosts(db, lease_ttl=300, shift=lambda: 400.0)
-    Rescuer(store, hosts, HostStamp(host_id="b", epoch=1), heir_claimant="x", fault=fault).sweep(now=1.0)
+    heir = HostStamp(host_id="b", epoch=1)
+    Rescuer(store, hosts, heir, heir_claimant="x", fault=fault).sweep(now=1.0)
 print("survived")
 """
 

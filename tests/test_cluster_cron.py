@@ -183,7 +183,7 @@ def test_a_dead_hosts_fires_are_settled_by_the_rescuer(
         assert b.ledger.by_key("j@started").outcome is Outcome.LOST  # type: ignore[union-attr]
         clock.set(T0 + 40)
         b.scheduler.tick(clock.time())  # the inherited fire runs here
-        assert [s.owner.id for s in b.registry.sessions.values()][0] == claimed[0].fire_key
+        assert next(s.owner.id for s in b.registry.sessions.values()) == claimed[0].fire_key
         assert PgLedger(db).by_key(claimed[0].fire_key).status is Status.RUNNING  # type: ignore[union-attr]
     finally:
         a.close()

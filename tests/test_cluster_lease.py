@@ -17,6 +17,7 @@ import pytest
 from dispatcher.app.clusterstate import ClusterState, open_cluster_state
 from dispatcher.cluster.board import HostStamp, PgBoardStore
 from dispatcher.cluster.database import ClusterDB
+from dispatcher.cluster.faults import ClusterFault
 from dispatcher.cluster.hosts import DuplicateHost, Hosts
 from dispatcher.cluster.rescue import Rescuer
 from dispatcher.cluster.settings import ClusterSettings
@@ -264,3 +265,64 @@ def test_skew_at_a_minute_refuses_cron(pg_url: str, tmp_path: Path) -> None:
         assert row is not None and row.skew is not None and row.skew > 80
     finally:
         rig.close()
+
+
+class Crash(Exception):
+    """Stands for the SIGKILL of DISPATCH_CLUSTER_FAULT: nothing after the step runs."""
+
+
+class CrashAt(ClusterFault):
+    def reach(self, step: str) -> None:
+        if step == self.step:
+            raise Crash(step)
+
+
+def _restarted(rig: Rig, fault: ClusterFault | None = None) -> HostLoop:
+    """A new serve on the same state dir (same boot id), as after a crash and a restart."""
+    return HostLoop(
+        state=rig.state,
+        registry=rig.registry,
+        settings=rig.loop.settings,
+        state_dir=rig.state_dir,
+        clock=rig.clock,
+        heir_claimant="alpha:2:x",
+        on_change=rig.changes.append,
+        boot_id="boot-alpha",
+        fault=fault,
+    )
+
+
+def test_a_crash_right_after_a_rebooted_join_leaves_no_stale_run(rig: Rig) -> None:
+    rig.loop.join(rig.clock.monotonic())
+    card_id, run_id = _claim_one(rig)
+    rig.shift = TTL + 1  # the machine was down longer than its lease ...
+    rig.hosts.join("alpha", boot_id="boot-new", version="1")  # ... and booted anew: epoch 2
+    with pytest.raises(Crash):
+        crashing = _restarted(rig, CrashAt("joined"))
+        crashing.boot_id = "boot-new"
+        crashing.join(rig.clock.monotonic())
+    again = _restarted(rig)
+    again.boot_id = "boot-new"
+    assert again.join(rig.clock.monotonic()).epoch == 2
+    run = rig.state.pg_board().get_run(run_id)
+    assert run.outcome is RunOutcome.LOST and run.infrastructure
+    assert rig.state.pg_board().get_card(card_id).status is CardStatus.READY
+
+
+def test_a_crash_between_killing_foreign_workers_and_rejoining(rig: Rig) -> None:
+    rig.loop.join(rig.clock.monotonic())
+    _card_id, run_id = _claim_one(rig)
+    session_id = _spawn_for(rig, run_id)
+    rig.loop.fault = CrashAt("superseded")
+    rig.shift = TTL + 1
+    rig.hosts.join("beta", boot_id="boot-beta", version="1")
+    beta = PgBoardStore(rig.admin, HostStamp(host_id="beta", epoch=1))
+    Rescuer(beta, rig.hosts, HostStamp(host_id="beta", epoch=1), heir_claimant="b").sweep(now=0.0)
+    with pytest.raises(Crash):
+        rig.step(HEARTBEAT)
+    assert rig.registry.get(session_id).state is SessionState.KILLED
+    # The restarted serve rejoins at the rescuer's epoch; nothing is killed or closed twice.
+    again = _restarted(rig)
+    assert again.join(rig.clock.monotonic()).epoch == 2
+    assert again.kill_foreign() == 0
+    assert again.may_claim(rig.clock.monotonic())

@@ -25,7 +25,7 @@ import psycopg
 from dispatcher.cluster.database import ClusterDB, ClusterError, redact
 
 CHANNEL = "dispatch_board"
-log = logging.getLogger(__name__)
+log = logging.getLogger("dispatch.cluster")
 
 
 class Listener:

@@ -195,23 +195,15 @@ class HostLoop:
 
     def join(self, now: float) -> Lease:
         """Take this host's lease at start (DuplicateHost: another live machine holds the id;
-        nothing is written then). A new boot rescues its own runs of the old epoch; a restart
-        adopts them. Workers of runs taken over while this serve was down are stopped."""
+        nothing is written then). A new boot closes its runs of the old epoch; a restart keeps
+        its epoch and adopts its workers (the gateway then stops those whose runs were taken
+        over while no serve ran here: :meth:`kill_foreign`)."""
         with self._lock:
             lease = self.hosts.join(self.stamp.host_id, boot_id=self.boot_id, version=__version__)
             self.fault.reach("joined")
             self.stamp.epoch = lease.epoch
             self._renewed(now, lease)
-            if lease.new_epoch:
-                stale = self.board.rescue_stale(
-                    self.stamp.host_id, lease.epoch, now=self.clock.time()
-                )
-                if stale:
-                    log.warning(
-                        "host %s booted anew: %d runs of its previous boot closed lost",
-                        self.stamp.host_id,
-                        len(stale),
-                    )
+            self._close_stale()
             log.info(
                 "joined the cluster at %s as host %s (epoch %d, lease %g s, heartbeat %g s)",
                 redact(self.state.db.url if self.state.db else ""),
@@ -223,6 +215,17 @@ class HostLoop:
             self._measure_skew(now)
             self._next_beat = now + self.settings.heartbeat
             return lease
+
+    def _close_stale(self) -> None:
+        # Runs of this host from older epochs are dead (a previous boot) or were taken over;
+        # closed at every join, so a serve that died right after joining leaves none behind.
+        stale = self.board.rescue_stale(self.stamp.host_id, self.stamp.epoch, now=self.clock.time())
+        if stale:
+            log.warning(
+                "host %s: %d runs of an earlier epoch (a previous boot) closed lost",
+                self.stamp.host_id,
+                len(stale),
+            )
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -313,6 +316,11 @@ class HostLoop:
             return
         self.stamp.epoch = lease.epoch
         self._renewed(now, lease)
+        try:
+            self._close_stale()
+        except ClusterError as err:
+            self._outage(now, err)
+            return
         log.error(
             "host %s was taken over while away (epoch %d is no longer current): killed %d "
             "now-foreign workers, recorded nothing for them, rejoined at epoch %d",

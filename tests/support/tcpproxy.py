@@ -14,7 +14,7 @@ import socket
 import struct
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 __all__ = ["TcpProxy"]
 
@@ -23,10 +23,8 @@ _LINGER_RESET = struct.pack("ii", 1, 0)
 
 def _reset(sock: socket.socket) -> None:
     """Close with RST (SO_LINGER 0): the peer learns at once that the connection is gone."""
-    try:
+    with suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-    except OSError:
-        pass
     sock.close()
 
 
@@ -92,19 +90,15 @@ class TcpProxy:
         self._wake_w.close()
 
     def _wake(self) -> None:
-        try:
+        with suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
 
     def _run(self) -> None:
         while not self._stopping:
             for key, _ in self._selector.select(timeout=0.5):
                 if key.data == "wake":
-                    try:
+                    with suppress(OSError):
                         self._wake_r.recv(4096)
-                    except OSError:
-                        pass
                 elif key.fileobj is self._listener:
                     self._accept()
                 else:
@@ -161,8 +155,6 @@ class TcpProxy:
             if one is None:
                 continue
             self._peers.pop(one, None)
-            try:
+            with suppress(KeyError, ValueError):
                 self._selector.unregister(one)
-            except (KeyError, ValueError):
-                pass
             _reset(one)
