@@ -171,18 +171,19 @@ def _open_cluster(
     password = None
     if cluster.password_file:
         password = password_from_file(Path(cluster.password_file).expanduser())
+    host_id = cluster.effective_host_id()
     db = ClusterDB(
         url,
         password=password,
         pooled=pooled,
         connect_timeout=connect_timeout,
         io_timeout=max(5.0, min(20.0, cluster.lease_ttl / 2)),
+        application_name=f"dispatch {host_id}",
     )
     try:
         db.check()
         db.migrate()
         hosts = Hosts(db, lease_ttl=cluster.lease_ttl)
-        host_id = cluster.effective_host_id()
         if epoch is None:
             row = hosts.row(host_id)
             epoch = 0 if row is None else row.epoch

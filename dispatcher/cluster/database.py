@@ -123,6 +123,8 @@ class ClusterDB:
         pooled: bool = True,
     ) -> None:
         self.url = check_url(url)
+        self.application_name = application_name
+        """How this process's connections show in ``pg_stat_activity``."""
         self._password = password
         self.options: dict[str, Any] = {
             # libpq reads values below 2 s as 2 s.

@@ -90,7 +90,9 @@ class Listener:
             delay = min(delay * 2, self.max_retry)
 
     def _listen_once(self) -> None:
-        conn = self.db.connect(autocommit=True, application_name="dispatch-listen")
+        # "dispatch-listen HOST" next to the pool's "dispatch HOST" in pg_stat_activity.
+        name = "dispatch-listen" + self.db.application_name.removeprefix("dispatch")
+        conn = self.db.connect(autocommit=True, application_name=name)
         try:
             conn.execute(f"LISTEN {CHANNEL}")
             self.connects += 1
