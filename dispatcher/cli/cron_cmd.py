@@ -358,7 +358,9 @@ def _report_run(ctx: Context, record: FireRecord) -> None:
         ctx.emit_json(row_entry(record))
     elif record.session_id:
         ctx.out(record.session_id)
-    if _not_started(record) and record.error:
+    if _not_started(record) and record.session_id is not None:
+        # The worker's exec failed in its keeper (a refused spawn, where no session exists,
+        # was already named on stderr by the launch core's warning).
         ctx.warn(f"{record.fire_key}: {record.shown_outcome}: {record.error}")
 
 
