@@ -127,7 +127,7 @@ class KanbanDispatcher:
             work.warnings.append(full)
         elif not paused:
             self._claim_ready(work, max_claims, dry_run)
-        if any(d.placement == Placement.DEGRADED.value for d in work.dispatched):
+        if any(d.placement == Placement.DEGRADED for d in work.dispatched):
             work.warnings.append(DEGRADED_WARNING)
         return TickReport(
             now=now,
