@@ -22,17 +22,18 @@ from dispatcher.kanban.abc import ClaimVerdict
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,
-    Claimer,
     Limits,
     NewCard,
-    RunOutcome,
-    RunResult,
 )
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 
 pytestmark = pytest.mark.postgres
 
 NOW = 1_800_000_000.0
 ROOT = Path(__file__).resolve().parent.parent
+ME = Claimant(pid=1, start=1, boot=None)
+OTHER = Claimant(pid=2, start=2, boot=None)
 
 
 @pytest.fixture
@@ -66,16 +67,25 @@ def test_a_card_another_host_is_claiming_is_skipped_not_waited_for(
         conn.execute("SELECT id FROM kanban_cards WHERE id = ? FOR UPDATE", (first,))
         started = time.monotonic()
         skipped = store.claim(
-            first, now=NOW, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=9)
+            first,
+            now=NOW,
+            claimer=ME,
+            limits=Limits(max_in_progress=9),
         )
         took = time.monotonic() - started
         taken = store.claim(
-            second, now=NOW, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=9)
+            second,
+            now=NOW,
+            claimer=ME,
+            limits=Limits(max_in_progress=9),
         )
     assert skipped.verdict is ClaimVerdict.NOT_READY and took < 5
     assert taken.verdict is ClaimVerdict.CLAIMED
     again = store.claim(
-        first, now=NOW, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=9)
+        first,
+        now=NOW,
+        claimer=ME,
+        limits=Limits(max_in_progress=9),
     )
     assert again.verdict is ClaimVerdict.CLAIMED
 
@@ -99,7 +109,7 @@ def test_caps_hold_while_three_hosts_claim_and_finish_at_once(db: ClusterDB, pg_
                     claim = store.claim(
                         card_id,
                         now=NOW,
-                        claimer=Claimer(pid=1, start=1),
+                        claimer=ME,
                         limits=Limits(max_in_progress=cap),
                     )
                     if claim.run is not None:
@@ -109,7 +119,7 @@ def test_caps_hold_while_three_hosts_claim_and_finish_at_once(db: ClusterDB, pg_
                         # At a cap: finish the oldest, so the budget moves all the time.
                         store.close_run(
                             mine.pop(0),
-                            RunResult(outcome=RunOutcome.COMPLETED, exit_code=0),
+                            Result(outcome=Outcome.COMPLETED, exit_code=0),
                             lambda c, r: CardChange(fields={"status": CardStatus.DONE}),
                             now=NOW,
                         )
@@ -159,7 +169,10 @@ def test_the_claim_statements_never_scan_the_board(db: ClusterDB) -> None:
     for plan in plans:
         assert "Seq Scan on kanban_cards" not in plan, plan
     claim = store.claim(
-        card_id, now=NOW, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=9)
+        card_id,
+        now=NOW,
+        claimer=ME,
+        limits=Limits(max_in_progress=9),
     )
     assert claim.verdict is ClaimVerdict.CLAIMED
 
@@ -171,13 +184,15 @@ from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.faults import ClusterFault
 from dispatcher.cluster.hosts import Hosts
 from dispatcher.cluster.rescue import Rescuer
-from dispatcher.kanban.model import Claimer, Limits
+from dispatcher.kanban.model import Limits
+from dispatcher.launch.claimant import Claimant
 url, step, card = sys.argv[1:4]
 db = ClusterDB(url, max_size=1)
 fault = ClusterFault(step)
 store = PgBoardStore(db, HostStamp(host_id="a", epoch=1), fault=fault)
 if step == "claim_counted":
-    store.claim(card, now=1.0, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=9))
+    me = Claimant(pid=1, start=1, boot=None)
+    store.claim(card, now=1.0, claimer=me, limits=Limits(max_in_progress=9))
 else:
     hosts = Hosts(db, lease_ttl=300, shift=lambda: 400.0)
     heir = HostStamp(host_id="b", epoch=1)
@@ -208,7 +223,10 @@ def test_a_claimer_killed_inside_its_claim_leaves_the_card_claimable(
     other = PgBoardStore(db, HostStamp(host_id="b", epoch=1))
     assert other.get_card(card_id).status is CardStatus.READY
     claim = other.claim(
-        card_id, now=NOW, claimer=Claimer(pid=2, start=2), limits=Limits(max_in_progress=9)
+        card_id,
+        now=NOW,
+        claimer=OTHER,
+        limits=Limits(max_in_progress=9),
     )
     assert claim.verdict is ClaimVerdict.CLAIMED and other.runs_of(card_id)[0].attempt == 1
 
@@ -218,7 +236,10 @@ def test_a_rescuer_killed_mid_rescue_changes_nothing(db: ClusterDB, pg_url: str)
     on_a = PgBoardStore(db, HostStamp(host_id="a", epoch=1))
     (card_id,) = _cards(on_a, 1)
     run = on_a.claim(
-        card_id, now=NOW, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=9)
+        card_id,
+        now=NOW,
+        claimer=ME,
+        limits=Limits(max_in_progress=9),
     ).run
     assert run is not None
     died = _crash(pg_url, "rescue_taken", card_id)

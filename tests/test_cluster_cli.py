@@ -18,14 +18,16 @@ from dispatcher.cluster import schema
 from dispatcher.cluster.board import HostStamp, PgBoardStore
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.hosts import Hosts
-from dispatcher.kanban.model import Claimer, Limits
+from dispatcher.kanban.model import Limits
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
 from tests.support.cli import run_dispatch
 from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.postgres
 
 SECRET = "s3cret-Pw.42"
+ME = Claimant(pid=1, start=1, boot=None)
 
 
 class Cli:
@@ -77,7 +79,7 @@ def test_commands_share_the_cluster_board(db: ClusterDB, pg_url: str, tmp_path: 
     store.claim(
         added["id"],
         now=time.time(),
-        claimer=Claimer(pid=1, start=1),
+        claimer=ME,
         limits=Limits(max_in_progress=3),
     )
     shown = json.loads(there("kanban", "show", added["id"], "--json").stdout)
@@ -204,7 +206,10 @@ def test_state_migrate(pg_url: str, tmp_path: Path, postgres_server: PostgresSer
         board.set_paused(False)
         card = board.list_cards()[0]
         board.claim(
-            card.id, now=1.0, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=2)
+            card.id,
+            now=1.0,
+            claimer=ME,
+            limits=Limits(max_in_progress=2),
         )
     fresh = postgres_server.url(postgres_server.create_database())
     busy = run_dispatch(

@@ -31,12 +31,11 @@ from dispatcher.gateway.lease import (
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,
-    Claimer,
     Limits,
     NewCard,
-    RunOutcome,
-    RunResult,
 )
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 from dispatcher.settings import Settings
 from registry.abc import Owner, SessionState, SpawnRequest
 from registry.fake import FakeRegistry
@@ -47,7 +46,7 @@ pytestmark = pytest.mark.postgres
 
 HEARTBEAT = 1.0
 TTL = 3.0
-ME = Claimer(pid=1, start=1)
+ME = Claimant(pid=1, start=1, boot=None)
 
 
 def _settings(url: str, host_id: str = "alpha") -> Settings:
@@ -219,10 +218,10 @@ def test_a_partitioned_host_kills_its_foreign_workers_and_rejoins(rig: Rig) -> N
     assert Change.REJOINED in rig.changes and rig.loop.connected
     assert rig.loop.stamp.epoch == 2
     # The worker's end would be recorded now: the fence refuses it.
-    completed = RunResult(outcome=RunOutcome.COMPLETED, exit_code=0)
+    completed = Result(outcome=Outcome.COMPLETED, exit_code=0)
     assert board.close_run(run_id, completed, lambda c, r: CardChange(), now=0.0) is None
     run = beta.get_run(run_id)
-    assert run.outcome is RunOutcome.LOST and run.infrastructure
+    assert run.outcome is Outcome.LOST and run.infrastructure
     assert len(beta.events_of(card_id)) == events_before
     # Rejoined at the new epoch: it claims again.
     assert rig.loop.may_claim(rig.clock.monotonic())
@@ -305,7 +304,7 @@ def test_a_crash_right_after_a_rebooted_join_leaves_no_stale_run(rig: Rig) -> No
     again.boot_id = "boot-new"
     assert again.join(rig.clock.monotonic()).epoch == 2
     run = rig.state.pg_board().get_run(run_id)
-    assert run.outcome is RunOutcome.LOST and run.infrastructure
+    assert run.outcome is Outcome.LOST and run.infrastructure
     assert rig.state.pg_board().get_card(card_id).status is CardStatus.READY
 
 

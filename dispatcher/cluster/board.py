@@ -35,10 +35,13 @@ from dispatcher.cluster.faults import ClusterFault
 from dispatcher.cluster.wake import CHANNEL
 from dispatcher.kanban import rules
 from dispatcher.kanban.abc import Claim, ClaimVerdict
-from dispatcher.kanban.model import Claimer, EventKind, Limits, Run, RunOutcome, RunResult
+from dispatcher.kanban.model import EventKind, Limits, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, RUN_PREFIX, card_of, db_value, new_id, run_of
-from dispatcher.kanban.store import SqlBoardStore, SqlConnection
+from dispatcher.kanban.sql import SqlConnection
+from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.taxonomy import Breaker, after_run
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 
 
 @dataclass(kw_only=True)
@@ -78,7 +81,8 @@ def _claim_sql() -> str:
     assignments = ", ".join(f"{name} = ?" for name in (*fields, "updated_at"))
     return (
         "WITH run AS (INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at,"  # noqa: S608
-        " claimer_pid, claimer_start, host_id, epoch) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        " claimer_pid, claimer_start, claimer_boot, host_id, epoch)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         " RETURNING *),"
         f" card AS (UPDATE kanban_cards SET {assignments}"
         " WHERE id = ? AND status = 'ready' AND current_run_id IS NULL RETURNING id),"
@@ -151,7 +155,7 @@ class PgBoardStore(SqlBoardStore):
         card_id: str,
         *,
         now: float,
-        claimer: Claimer,
+        claimer: Claimant,
         limits: Limits,
         ignore_cooldown: bool = False,
     ) -> Claim:
@@ -191,7 +195,7 @@ class PgBoardStore(SqlBoardStore):
         return Claim(verdict=ClaimVerdict.CLAIMED, run=run)
 
     def _insert_claim(
-        self, conn: SqlConnection, card_id: str, attempt: int, now: float, claimer: Claimer
+        self, conn: SqlConnection, card_id: str, attempt: int, now: float, claimer: Claimant
     ) -> Run:
         stamp = self.stamp
         run_id = new_id(RUN_PREFIX)
@@ -206,6 +210,7 @@ class PgBoardStore(SqlBoardStore):
                 now,
                 claimer.pid,
                 claimer.start,
+                claimer.boot,
                 None if stamp is None else stamp.host_id,
                 None if stamp is None else stamp.epoch,
                 *(db_value(v) for v in fields.values()),
@@ -282,7 +287,7 @@ class PgBoardStore(SqlBoardStore):
             " ORDER BY claimed_at",
             (host_id, epoch),
         ).fetchall()
-        result = RunResult(outcome=RunOutcome.LOST, infrastructure=True, error=why)
+        result = Result(outcome=Outcome.LOST, infrastructure=True, error=why)
         closed = []
         for row in rows:
             done = self._close(

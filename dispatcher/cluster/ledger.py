@@ -25,6 +25,7 @@ from typing import Any
 
 from dispatcher.cluster.board import HostStamp
 from dispatcher.cluster.database import ClusterDB, Qmark
+from dispatcher.cron.changes import UNSET, FireChange
 from dispatcher.cron.ledger import FireRecord, Ledger, Status, Tx, insert_sql
 
 LEDGER_LOCK = 0x64697370_6C6467  # "disp" "ldg": one ledger writer at a time
@@ -49,9 +50,9 @@ class PgTx(Tx):
         self._own(ids)
         return ids
 
-    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
-        done = super().update(row_id, expect, **_flags(values))
-        if done and "claimant" in values:
+    def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
+        done = super().update(row_id, expect, change)
+        if done and change.claimant is not UNSET:
             self._own([row_id])
         return done
 
@@ -100,9 +101,9 @@ class PgLedger(Ledger):
                 tx.stamp = self.stamp
             yield tx
 
-    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
+    def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         with self.transaction() as tx:
-            return tx.update(row_id, expect, **values)
+            return tx.update(row_id, expect, change)
 
     def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
         rows = super().open_rows(statuses)

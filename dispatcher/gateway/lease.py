@@ -49,7 +49,7 @@ from dispatcher.cluster.rescue import Rescuer
 from dispatcher.cluster.settings import SKEW_REFUSE, SKEW_WARN, ClusterSettings
 from dispatcher.cluster.url import redact
 from dispatcher.gateway.statusfile import write_document
-from registry.abc import Registry
+from registry.abc import OwnerKind, Registry
 from scope.foundation.clock import Clock
 from scope.foundation.errors import DispatchError, NotFoundError
 
@@ -59,6 +59,7 @@ SKEW_EVERY = 600.0
 """Seconds between clock-skew measurements (and one at start)."""
 FIRST_RETRY = 0.5
 STATUS_NAME = "cluster.json"
+_OWNED = (OwnerKind.KANBAN, OwnerKind.CRON)
 
 
 class Membership(enum.StrEnum):
@@ -338,12 +339,12 @@ class HostLoop:
         """Stop every local worker whose run or fire is no longer this host's (rescued
         elsewhere, or replaced by a fire decided on another host). Returns how many."""
         sessions = [s for s in self.registry.list_sessions() if not s.finished]
-        runs = [s.owner.id for s in sessions if s.owner.kind == "kanban"]
-        fires = [s.owner.id for s in sessions if s.owner.kind == "cron"]
+        runs = [s.owner.id for s in sessions if s.owner.kind is OwnerKind.KANBAN]
+        fires = [s.owner.id for s in sessions if s.owner.kind is OwnerKind.CRON]
         foreign = self.board.foreign_runs(runs) | self.ledger.foreign_fires(fires)
         killed = 0
         for session in sessions:
-            if session.owner.kind not in ("kanban", "cron") or session.owner.id not in foreign:
+            if session.owner.kind not in _OWNED or session.owner.id not in foreign:
                 continue
             try:
                 self.registry.kill(

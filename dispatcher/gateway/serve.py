@@ -46,7 +46,7 @@ from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.settings import Settings
-from registry.abc import Session
+from registry.abc import OwnerKind, Session, SessionState
 from registry.errors import StateError
 from scope.abc import CallerKind, Placement
 from scope.errors import ScopeUnavailable
@@ -168,7 +168,7 @@ class Gateway:
             took,
             session.completion_reason or "",
         )
-        if session.owner.kind == "kanban":
+        if session.owner.kind is OwnerKind.KANBAN:
             self._finished.put(session)
             self._nudge()
 
@@ -269,6 +269,7 @@ class Gateway:
             clock=self._member.db_clock,
             environ=self.environ,
             state_dir=self.state_dir,
+            config_path=self.config_path,
             ledger=self._cluster.ledger,
         )
         self._cron_waker = CronWaker(self._cron)
@@ -289,7 +290,7 @@ class Gateway:
 
     def _adopt_at_start(self, runtime: Runtime) -> None:
         adopted = runtime.registry.adopt()
-        lost = [s for s in adopted if s.state.value == "lost"]
+        lost = [s for s in adopted if s.state is SessionState.LOST]
         running = [s for s in adopted if not s.finished]
         log.info(
             "adopted %d running workers, %d finished while nobody watched, %d lost",

@@ -258,7 +258,8 @@ def _board(server: PostgresServer, cards: int) -> str:
 def _claims(server: PostgresServer, small: int, big: int, claims: int) -> list[Row]:
     from dispatcher.cluster.board import HostStamp, PgBoardStore
     from dispatcher.cluster.database import ClusterDB
-    from dispatcher.kanban.model import Claimer, Limits
+    from dispatcher.kanban.model import Limits
+    from dispatcher.launch.claimant import Claimant
 
     boards = {}
     for size in (small, big):
@@ -268,6 +269,7 @@ def _claims(server: PostgresServer, small: int, big: int, claims: int) -> list[R
     times: dict[int, list[float]] = {small: [], big: []}
     listing: dict[int, list[float]] = {small: [], big: []}
     unlimited = Limits(max_in_progress=10**6)
+    me = Claimant.current()
     try:
         for _, store in boards.values():  # warm the pools and caches
             store.board_version()
@@ -275,7 +277,7 @@ def _claims(server: PostgresServer, small: int, big: int, claims: int) -> list[R
             card = "c_" + f"{pick:x}".rjust(10, "0")
             for size, (_, store) in boards.items():
                 started = time.perf_counter()
-                store.claim(card, now=1.0, claimer=Claimer(pid=1, start=1), limits=unlimited)
+                store.claim(card, now=1.0, claimer=me, limits=unlimited)
                 times[size].append((time.perf_counter() - started) * 1000)
         for _ in range(3):
             for size, (_, store) in boards.items():
