@@ -351,3 +351,54 @@ def test_a_database_restart_mid_flight_loses_nothing(
     assert_each_done_once(rig, second, end=False)
     assert count(rig, "SELECT count(*) FROM kanban_runs") == 12  # nothing lost, nothing twice
     no_tracebacks(rig)
+
+
+def _cluster_status(host: ClusterHost) -> dict:
+    try:
+        return dict(json.loads((host.state / "cluster.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def test_a_database_outage_longer_than_the_lease_keeps_workers_and_settles_after(
+    rig_factory, tmp_path: Path, server: PostgresServer
+) -> None:
+    rig = rig_factory(config(tmp_path, per_host=4, total=12))
+    rig.start()
+    ids = add_cards(rig, 6, "hold", tmp_path)
+    wait_for(
+        lambda: sum(running_on(rig, h) for h in ("a", "b", "c")) == 6, timeout=60, interval=0.2
+    )
+    server.stop("fast")
+    try:
+        wait_for(
+            lambda: all(_cluster_status(h).get("state") == "outage" for h in rig.hosts.values()),
+            timeout=30,
+            interval=0.2,
+            what="every host in outage",
+        )
+        (tmp_path / "release").touch()  # the workers end while nobody can record it
+
+        def ended_here(host: ClusterHost) -> bool:
+            shown = json.loads(host.dispatch("ps", "--all", "--json").stdout)
+            mine = [s for s in shown if s["owner"].startswith("kanban")]
+            return bool(mine) and all(s["state"] == "exited" for s in mine)
+
+        wait_for(lambda: all(ended_here(h) for h in rig.hosts.values()), timeout=60, interval=0.5)
+        outage = time.time()
+        wait_for(lambda: time.time() - outage > TTL + HEARTBEAT, timeout=30, interval=0.2)
+    finally:
+        server.start()
+    wait_for(
+        lambda: count(rig, "SELECT count(*) FROM kanban_cards WHERE status = 'done'") == 6,
+        timeout=60,
+        interval=0.2,
+        what="every card settled once the database is back",
+    )
+    assert_each_done_once(rig, ids, end=True)
+    assert count(rig, "SELECT count(*) FROM kanban_runs") == 6  # none lost, none twice
+    assert count(rig, "SELECT max(epoch) FROM hosts") == 1  # nobody was taken over
+    for host in rig.hosts.values():
+        text = host.log_text()
+        assert "nothing new is claimed" in text and "reachable again" in text
+    no_tracebacks(rig)

@@ -325,3 +325,28 @@ def test_a_crash_between_killing_foreign_workers_and_rejoining(rig: Rig) -> None
     assert again.join(rig.clock.monotonic()).epoch == 2
     assert again.kill_foreign() == 0
     assert again.may_claim(rig.clock.monotonic())
+
+
+def test_after_an_outage_the_others_get_a_whole_lease_before_any_rescue(rig: Rig) -> None:
+    rig.loop.join(rig.clock.monotonic())
+    rig.hosts.join("beta", boot_id="boot-beta", version="1")
+    beta = PgBoardStore(rig.admin, HostStamp(host_id="beta", epoch=1))
+    card, _ = beta.add_card(NewCard(title="t", assignee="w"), now=rig.clock.time())
+    assert beta.claim(card.id, now=0.0, claimer=ME, limits=Limits(max_in_progress=5)).run
+    rig.proxy.cut()
+    rig.step(HEARTBEAT)
+    assert not rig.loop.connected
+    rig.proxy.restore()
+    # Everyone was cut off meanwhile: beta's lease ran out on the database clock.
+    with rig.admin.write(None) as conn:
+        conn.execute(
+            "UPDATE hosts SET lease_until = now() - interval '1 hour' WHERE host_id = ?", ("beta",)
+        )
+    rig.step(1.0)
+    assert rig.loop.connected and beta.get_card(card.id).status is CardStatus.RUNNING
+    for _ in range(int(TTL / HEARTBEAT) - 1):
+        rig.step(HEARTBEAT)  # renewing and sweeping, but a whole lease has not passed yet
+    assert beta.get_card(card.id).status is CardStatus.RUNNING
+    rig.step(HEARTBEAT)
+    assert beta.get_card(card.id).status is CardStatus.READY
+    assert Change.RESCUED in rig.changes

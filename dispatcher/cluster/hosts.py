@@ -61,9 +61,12 @@ _RENEW = _on_db_clock(
 )
 _EXPIRED = _on_db_clock("SELECT host_id, epoch FROM hosts WHERE lease_until <= {now} ORDER BY 1")
 # Expired hosts that still hold work: only those are taken over (an idle dead host's epoch is
-# left alone, so an epoch moves only when runs were actually rescued).
+# left alone, so an epoch moves only when runs were actually rescued). A server that was down
+# stopped every lease from being renewed: nobody's lease counts as expired until a whole TTL
+# after the server came back.
 _NEEDING_RESCUE = _on_db_clock(
     "SELECT h.host_id, h.epoch FROM hosts h WHERE h.lease_until <= {now} AND h.host_id != ?"
+    " AND pg_postmaster_start_time() + make_interval(secs => ?) <= {now}"
     " AND (EXISTS (SELECT 1 FROM kanban_runs r WHERE r.outcome IS NULL AND r.host_id = h.host_id)"
     " OR EXISTS (SELECT 1 FROM cron_fires f WHERE f.status != 'done' AND f.status != 'queued'"
     " AND f.host_id = h.host_id)) ORDER BY 1"
@@ -206,7 +209,8 @@ class Hosts:
         """(host id, epoch) of every other host whose lease ran out while it still had open
         runs or started cron fires."""
         with self.db.read() as conn:
-            rows = conn.execute(_NEEDING_RESCUE, (self.shift(), me)).fetchall()
+            shift = self.shift()
+            rows = conn.execute(_NEEDING_RESCUE, (shift, me, self.lease_ttl, shift)).fetchall()
         return [(str(r["host_id"]), int(r["epoch"])) for r in rows]
 
     def take_over(self, conn: object, host_id: str, epoch: int) -> int | None:

@@ -168,6 +168,8 @@ class HostLoop:
         self._lease_end: float | None = None
         """Monotonic instant the lease runs out without a renewal."""
         self._renewed_wall: float | None = None
+        self._live_since: float | None = None
+        """Monotonic instant since which this host has reached the database without a break."""
         self._next_beat = 0.0
         self._next_skew = 0.0
         self._retry = FIRST_RETRY
@@ -259,13 +261,15 @@ class HostLoop:
             self._outage_since = None
             self.on_change(Change.RECOVERED)
         try:
-            self._sweep()
+            self._sweep(now)
         except ClusterError as err:
             self._outage(now, err)
             return
         self._next_beat = now + self.settings.heartbeat
 
     def _renewed(self, now: float, lease: Lease) -> None:
+        if self.membership is not Membership.LIVE or self._live_since is None:
+            self._live_since = now
         self._lease = lease
         # The lease as granted, on the database clock, counted from when we asked for it.
         self._lease_end = now + (lease.lease_until - lease.db_now)
@@ -274,8 +278,12 @@ class HostLoop:
         self._retry = FIRST_RETRY
         self._error = None
 
-    def _sweep(self) -> None:
-        rescued = self.rescuer.sweep(now=self.clock.time())
+    def _sweep(self, now: float) -> None:
+        # Whatever kept this host from the database may have kept the others from it too: they
+        # get a whole lease from the moment it answers again before anything of theirs is taken.
+        rescued = []
+        if self._live_since is not None and now - self._live_since >= self.settings.lease_ttl:
+            rescued = self.rescuer.sweep(now=self.clock.time())
         for done in rescued:
             log.warning("%s", done.describe())
             self.rescued_runs += len(done.runs)
