@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,10 +36,8 @@ OTHER = Claimant(pid=2, start=2, boot=None)
 
 
 @pytest.fixture
-def db(pg_url: str) -> Iterator[ClusterDB]:
-    with ClusterDB(pg_url) as cluster:
-        cluster.migrate()
-        yield cluster
+def db(cluster_db: ClusterDB) -> ClusterDB:
+    return cluster_db
 
 
 def _hosts(db: ClusterDB, *names: str) -> Hosts:

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,10 +53,8 @@ def _one_line_error(proc: subprocess.CompletedProcess[str], code: int) -> str:
 
 
 @pytest.fixture
-def db(pg_url: str) -> Iterator[ClusterDB]:
-    with ClusterDB(pg_url) as cluster:
-        cluster.migrate()
-        yield cluster
+def db(cluster_db: ClusterDB) -> ClusterDB:
+    return cluster_db
 
 
 def test_commands_share_the_cluster_board(db: ClusterDB, pg_url: str, tmp_path: Path) -> None:

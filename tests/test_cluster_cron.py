@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,10 +55,8 @@ class Host:
 
 
 @pytest.fixture
-def db(pg_url: str) -> Iterator[ClusterDB]:
-    with ClusterDB(pg_url) as cluster:
-        cluster.migrate()
-        yield cluster
+def db(cluster_db: ClusterDB) -> ClusterDB:
+    return cluster_db
 
 
 @pytest.fixture

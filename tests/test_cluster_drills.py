@@ -118,6 +118,16 @@ def runs_of(rig: ClusterRig) -> dict[str, list[tuple[object, ...]]]:
     return found
 
 
+def wait_done(rig: ClusterRig, cards: int, *, timeout: float) -> None:
+    """Wait until ``cards`` cards are done (bounded)."""
+    wait_for(
+        lambda: count(rig, "SELECT count(*) FROM kanban_cards WHERE status = 'done'") == cards,
+        timeout=timeout,
+        interval=0.2,
+        what=f"{cards} cards done",
+    )
+
+
 def running_on(rig: ClusterRig, host: str) -> int:
     return count(
         rig,
@@ -157,12 +167,7 @@ def test_500_cards_run_once_each_spread_over_three_hosts(rig_factory, tmp_path: 
     rig = rig_factory(config(tmp_path, per_host=12, total=36))
     rig.start()
     ids = add_cards(rig, 500, "quick", tmp_path)
-    wait_for(
-        lambda: count(rig, "SELECT count(*) FROM kanban_cards WHERE status = 'done'") == 500,
-        timeout=240,
-        interval=0.5,
-        what="500 cards done",
-    )
+    wait_done(rig, 500, timeout=240)
     starts = (tmp_path / "starts").read_text().splitlines()
     started = collections.Counter(line.split()[0] for line in starts)
     assert len(starts) == 500 and set(started) == set(ids) and max(started.values()) == 1
@@ -229,11 +234,7 @@ def test_a_dead_hosts_runs_close_lost_and_run_elsewhere(rig_factory, tmp_path: P
     assert took <= TTL + 2 * HEARTBEAT + 0.5, f"rescued after {took:.1f} s"
     wait_for(lambda: running_on(rig, "b") + running_on(rig, "c") == 6, timeout=60, interval=0.2)
     (tmp_path / "release").touch()
-    wait_for(
-        lambda: count(rig, "SELECT count(*) FROM kanban_cards WHERE status = 'done'") == 6,
-        timeout=60,
-        interval=0.2,
-    )
+    wait_done(rig, 6, timeout=60)
     assert_each_done_once(rig, mine + others, end=True)
     runs = runs_of(rig)
     for card_id in mine:
@@ -271,11 +272,7 @@ def test_a_restart_within_the_lease_adopts_and_takes_nothing_over(
     assert count(rig, "SELECT epoch FROM hosts WHERE host_id = 'a'") == epoch
     assert count(rig, "SELECT count(*) FROM kanban_runs WHERE outcome IS NOT NULL") == 0
     (tmp_path / "release").touch()
-    wait_for(
-        lambda: count(rig, "SELECT count(*) FROM kanban_cards WHERE status = 'done'") == 3,
-        timeout=60,
-        interval=0.2,
-    )
+    wait_done(rig, 3, timeout=60)
     assert_each_done_once(rig, mine, end=True)
     assert all(len(r) == 1 for r in runs_of(rig).values())
     no_tracebacks(rig)
@@ -309,11 +306,7 @@ def test_a_partitioned_host_is_rescued_and_kills_its_foreign_workers(
     ]
     assert killed and all(s["state"] == "killed" for s in killed), killed
     (tmp_path / "release").touch()
-    wait_for(
-        lambda: count(rig, "SELECT count(*) FROM kanban_cards WHERE status = 'done'") == 3,
-        timeout=60,
-        interval=0.2,
-    )
+    wait_done(rig, 3, timeout=60)
     assert_each_done_once(rig, mine, end=True)
     assert (
         count(rig, "SELECT count(*) FROM kanban_events WHERE run_id = ANY(?)", old_runs) == events
@@ -342,11 +335,7 @@ def test_a_database_restart_mid_flight_loses_nothing(
     wait_for(lambda: all(renewed(h) for h in rig.hosts.values()), timeout=30, interval=0.2)
     second = add_cards(rig, 6, "quick", tmp_path)
     (tmp_path / "release").touch()
-    wait_for(
-        lambda: count(rig, "SELECT count(*) FROM kanban_cards WHERE status = 'done'") == 12,
-        timeout=60,
-        interval=0.2,
-    )
+    wait_done(rig, 12, timeout=60)
     assert_each_done_once(rig, first, end=True)
     assert_each_done_once(rig, second, end=False)
     assert count(rig, "SELECT count(*) FROM kanban_runs") == 12  # nothing lost, nothing twice
@@ -389,12 +378,7 @@ def test_a_database_outage_longer_than_the_lease_keeps_workers_and_settles_after
         wait_for(lambda: time.time() - outage > TTL + HEARTBEAT, timeout=30, interval=0.2)
     finally:
         server.start()
-    wait_for(
-        lambda: count(rig, "SELECT count(*) FROM kanban_cards WHERE status = 'done'") == 6,
-        timeout=60,
-        interval=0.2,
-        what="every card settled once the database is back",
-    )
+    wait_done(rig, 6, timeout=60)
     assert_each_done_once(rig, ids, end=True)
     assert count(rig, "SELECT count(*) FROM kanban_runs") == 6  # none lost, none twice
     assert count(rig, "SELECT max(epoch) FROM hosts") == 1  # nobody was taken over

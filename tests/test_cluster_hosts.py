@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,10 +45,8 @@ class Shift:
 
 
 @pytest.fixture
-def db(pg_url: str) -> Iterator[ClusterDB]:
-    with ClusterDB(pg_url) as cluster:
-        cluster.migrate()
-        yield cluster
+def db(cluster_db: ClusterDB) -> ClusterDB:
+    return cluster_db
 
 
 @pytest.fixture

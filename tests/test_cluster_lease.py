@@ -148,15 +148,8 @@ def test_joining_renewing_and_the_claim_window(rig: Rig) -> None:
 def test_a_second_machine_with_a_live_host_id_is_refused(rig: Rig, tmp_path: Path) -> None:
     rig.loop.join(rig.clock.monotonic())
     before = rig.hosts.row("alpha")
-    other = HostLoop(
-        state=rig.state,
-        registry=rig.registry,
-        settings=rig.loop.settings,
-        state_dir=rig.state_dir,
-        clock=rig.clock,
-        heir_claimant="other",
-        boot_id="boot-other",
-    )
+    other = _restarted(rig)
+    other.boot_id = "boot-other"  # another machine presenting the same host id
     with pytest.raises(DuplicateHost, match="boot-alpha") as err:
         other.join(rig.clock.monotonic())
     assert err.value.exit_code == 2

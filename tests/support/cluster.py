@@ -17,14 +17,13 @@ import contextlib
 import os
 import sqlite3
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import run_dispatch
+from tests.support.cli import dispatch_argv, run_dispatch
 from tests.support.postgres import PostgresServer
 from tests.support.systemd import (
     ENV_MODE,
@@ -84,16 +83,7 @@ class ClusterHost:
         """Start serve as a Type=notify service (returns after READY=1)."""
         assert self.manager is not None
         self.unit = self.manager.run_transient_service(
-            [
-                sys.executable,
-                "-m",
-                "dispatcher.cli.main",
-                "--config",
-                str(self.config),
-                "--state-dir",
-                str(self.state),
-                "serve",
-            ],
+            dispatch_argv(self.config, self.state, "serve"),
             env=self.unit_env(),
             type="notify",
             name=self.unit,
