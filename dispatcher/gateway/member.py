@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dispatcher.app.clusterstate import ClusterState, open_cluster_state
+from dispatcher.app.runtime import Runtime
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.waker import CronWaker
 from dispatcher.kanban.settings import KanbanSettings
 from dispatcher.settings import Settings
-from registry.abc import Registry
-from registry.state import StateDB
 from scope.foundation.clock import Clock
 from scope.foundation.errors import DispatchError
 
@@ -83,21 +82,20 @@ def open_gateway_state(
     settings: Settings,
     state_dir: Path,
     environ: Mapping[str, str],
-    *,
-    local: StateDB,
-    registry: Registry,
-    clock: Clock,
+    runtime: Runtime,
     nudge: Callable[[], None],
     board_poll: float,
 ) -> tuple[ClusterState, Alone]:
-    """Cluster state for the gateway, and its :class:`Member` in cluster mode (joined), else
-    :class:`Alone` (polling the board every ``board_poll`` s)."""
+    """Cluster state for the gateway on ``runtime`` (its host state), and its :class:`Member`
+    in cluster mode (joined), else :class:`Alone` (polling the board every ``board_poll`` s).
+    ``nudge`` wakes the gateway's loop from another thread."""
     cluster = settings.cluster
+    clock = runtime.registry.clock  # the gateway's (injected) clock
     state = open_cluster_state(
         settings,
         state_dir,
         environ,
-        local=local,
+        local=runtime.db,
         pooled=True,
         connect_timeout=min(5.0, max(2.0, cluster.heartbeat * 2)),
     )
@@ -110,7 +108,7 @@ def open_gateway_state(
         member = Member(
             HostLoop(
                 state=state,
-                registry=registry,
+                registry=runtime.registry,
                 settings=cluster,
                 state_dir=state_dir,
                 clock=clock,

@@ -245,14 +245,7 @@ class Gateway:
         try:
             # Cluster mode joins here (a duplicate host id ends the start, nothing written).
             self._cluster, self._member = open_gateway_state(
-                self.settings,
-                self.state_dir,
-                self.environ,
-                local=runtime.db,
-                registry=runtime.registry,
-                clock=self.clock,
-                nudge=self._nudge,
-                board_poll=BOARD_POLL,
+                self.settings, self.state_dir, self.environ, runtime, self._nudge, BOARD_POLL
             )
         except BaseException:
             runtime.close()
@@ -462,7 +455,7 @@ class Gateway:
             self.notifier.ready(self._refresh_status())
             return
         new = loaded.settings
-        for section in ("scope", "registry", "serve"):
+        for section in ("scope", "registry", "serve", "cluster"):
             if getattr(new, section) != getattr(self.settings, section):
                 log.warning("reload: changes to %s: take effect after a restart", section)
         new = replace(
@@ -470,6 +463,7 @@ class Gateway:
             scope=self.settings.scope,
             registry=self.settings.registry,
             serve=self.settings.serve,
+            cluster=self.settings.cluster,
         )
         self.settings = new
         assert self._cron is not None
@@ -518,13 +512,10 @@ class Gateway:
         except Exception:
             log.exception("final bookkeeping failed")
         finally:
-            try:
-                runtime.close()
-            finally:
-                self._runtime = None
-                if self._cluster is not None:
-                    self._cluster.close()
-                    self._cluster = None
+            if self._cluster is not None:
+                self._cluster.close()  # the cluster database's pool (nothing for a single host)
+            runtime.close()
+            self._runtime = None
 
     # -- status ------------------------------------------------------------------------------
 
