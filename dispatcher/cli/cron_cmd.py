@@ -16,7 +16,7 @@ import signal
 import threading
 from collections.abc import Sequence
 
-from dispatcher.app.database import open_state
+from dispatcher.app.clusterstate import open_cluster_state
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.cron.crontab import parse as parse_crontab
@@ -101,9 +101,9 @@ def _plan(ctx: Context, job_id: str) -> JobPlan:
 
 
 def _ledger(ctx: Context) -> Ledger:
-    db = open_state(ctx.state_dir)
-    ctx.on_close(db)
-    return Ledger(db)
+    state = open_cluster_state(ctx.settings, ctx.state_dir, ctx.environ)
+    ctx.on_close(state)
+    return state.ledger
 
 
 def _settle_open(ctx: Context, ledger: Ledger) -> None:
@@ -329,6 +329,7 @@ def handle_run(args: argparse.Namespace, ctx: Context) -> int:
         environ=ctx.environ,
         state_dir=ctx.state_dir,
         config_path=ctx.config_path,
+        ledger=_ledger(ctx),
     )
     record = scheduler.run_now(args.job_id)
     if record.session_id is None or not args.wait:
