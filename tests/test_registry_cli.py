@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import default_signals
 from tests.support.wait import wait_for
 from tests.test_registry_support import session_pids
 
@@ -140,6 +141,7 @@ def test_ctrl_c_on_wait_exits_130_and_leaves_the_worker(env: dict[str, str]) -> 
         stderr=subprocess.PIPE,
         env=env,
         cwd=ROOT,
+        preexec_fn=default_signals,  # Ctrl-C must work when the suite runs as a background job
     )
     assert proc.stdout is not None
     session_id = proc.stdout.readline().decode().strip()
