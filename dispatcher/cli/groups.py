@@ -8,6 +8,7 @@ from __future__ import annotations
 
 GROUPS: dict[str, str] = {
     "serve": "Run the gateway: cron scheduler, kanban dispatcher and registry in one process.",
+    "reload": "Make the running serve re-read its config and wait for its verdict.",
     "status": "Show whether serve runs, placement, workers, cards and next cron fires.",
     "doctor": "Check the systemd user bus, manager and probe; explain placement and remedies.",
     "config": "Validate or show the configuration.",
@@ -22,6 +23,32 @@ GROUPS: dict[str, str] = {
     "hosts": "Cluster mode: the hosts sharing the cluster database, their leases and skew.",
     "state": "State database: check its integrity, back it up, restore a backup.",
 }
+
+READ_ONLY: dict[str, object] = {
+    "status": True,
+    "ps": True,
+    "wait": True,
+    "hosts": True,
+    "doctor": True,
+    "logs": lambda args: not args.redact,  # redaction patterns come from the config
+    "events": lambda args: not args.ack,
+    "kanban list": True,
+    "kanban show": True,
+    "kanban board": True,
+    "cron list": True,
+    "cron history": True,
+    "state check": True,
+}
+"""Commands that only read the state dir (by ``"group"`` or ``"group sub"``): they go on with
+the built-in defaults and one warning when the config file is broken (see
+:attr:`dispatcher.cli.context.Context.config`); a value may decide by the arguments."""
+
+
+def read_only(command: str | None, sub: str | None, args: object) -> bool:
+    """Whether the parsed command line only reads (see :data:`READ_ONLY`)."""
+    flag = READ_ONLY.get(f"{command} {sub}" if sub else str(command), False)
+    return bool(flag(args) if callable(flag) else flag)
+
 
 VALUE_OPTIONS = ("--config", "--state-dir")
 """Global options that take a value (skipped when looking for the group name)."""

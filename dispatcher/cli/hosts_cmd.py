@@ -14,7 +14,7 @@ from typing import Any
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.timefmt import iso, short
+from dispatcher.timefmt import iso
 from scope.foundation.errors import UsageError
 
 DESCRIPTION = (
@@ -62,11 +62,12 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     if not hosts:
         ctx.out("no host has joined this cluster yet")
         return 0
+    times = ctx.times()
     ctx.out(f"{'HOST':<20} {'LEASE':<8} {'HEARTBEAT':<12} {'EPOCH':>5} {'RUNS':>5} {'SKEW':>7}")
     for row, shown in zip(rows, hosts, strict=True):
         skew = "-" if row.skew is None else f"{row.skew:+.2f}s"
         ctx.out(
-            f"{row.host_id:<20} {shown['lease']:<8} {short(row.heartbeat_at):<12} "
+            f"{row.host_id:<20} {shown['lease']:<8} {times.ago(row.heartbeat_at):<12} "
             f"{row.epoch:>5} {shown['running_runs']:>5} {skew:>7}"
         )
     return 0

@@ -15,14 +15,17 @@ from pathlib import Path
 
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
+from dispatcher.cli.options import positive_int, watch_options, watched
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
 from dispatcher.kanban.views import (
+    SORT_KEYS,
     board_text,
     card_json,
     card_table,
     show_json,
     show_text,
+    sorted_cards,
     tick_json,
     tick_text,
 )
@@ -58,9 +61,23 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     add.add_argument("--failure-limit", type=int, metavar="N", help="override kanban.failure_limit")
 
     ls = sub("list", "List cards (archived ones only with --all).", handle_list)
-    ls.add_argument("--status", choices=[s.value for s in CardStatus], metavar="S")
-    ls.add_argument("--assignee", metavar="A")
+    ls.add_argument(
+        "--status",
+        choices=[s.value for s in CardStatus],
+        metavar="S",
+        help="only cards in status S (" + ", ".join(s.value for s in CardStatus) + ")",
+    )
+    ls.add_argument("--assignee", metavar="A", help="only cards of assignee A")
     ls.add_argument("--all", action="store_true", help="include archived cards")
+    ls.add_argument(
+        "--sort",
+        choices=sorted(SORT_KEYS),
+        default="priority",
+        help="order: priority (highest first, the default), created (oldest first), "
+        "updated (newest first), status (board order) or id",
+    )
+    ls.add_argument("--limit", type=positive_int, metavar="N", help="at most N cards")
+    watch_options(ls)
 
     show = sub("show", "Show a card with its runs and events.", handle_show)
     show.add_argument("id", metavar="ID")
@@ -101,7 +118,8 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     archive = sub("archive", "Archive a card (stops a running worker first).", handle_archive)
     archive.add_argument("id", metavar="ID")
 
-    sub("board", "A compact view of the board by status.", handle_board)
+    board = sub("board", "A compact view of the board by status.", handle_board)
+    watch_options(board)
     sub("pause", "Stop claiming cards (stored; survives restarts).", handle_pause)
     sub("resume", "Resume claiming cards.", handle_resume)
 
@@ -130,6 +148,13 @@ def _workspace(ctx: Context) -> Workspace:
     )
     ctx.on_close(workspace)
     return workspace
+
+
+def _refresh(ctx: Context, workspace: Workspace) -> None:
+    """Reconcile finished runs before a board read, unless the config is broken: closing a
+    run applies the configured failure taxonomy, which built-in defaults would get wrong."""
+    if ctx.config_problem is None:
+        workspace.refresh()
 
 
 def _read_body(args: argparse.Namespace) -> str | None:
@@ -200,18 +225,23 @@ def handle_add(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def handle_list(args: argparse.Namespace, ctx: Context) -> int:
-    """List cards after reconciling finished runs."""
+    """List cards after reconciling finished runs (``--watch``: again and again)."""
+    return watched(args, ctx, lambda: _list_once(args, ctx))
+
+
+def _list_once(args: argparse.Namespace, ctx: Context) -> int:
     workspace = _workspace(ctx)
-    workspace.refresh()
+    _refresh(ctx, workspace)
     cards = workspace.store.list_cards(
         statuses=[CardStatus(args.status)] if args.status else None,
         assignee=args.assignee,
         include_archived=args.all,
     )
+    cards = sorted_cards(cards, args.sort, args.limit)
     if ctx.json:
         ctx.emit_json([card_json(c) for c in cards])
     else:
-        for line in card_table(cards):
+        for line in card_table(cards, times=ctx.times()):
             ctx.out(line)
     return 0
 
@@ -220,14 +250,14 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     """One card with runs and events."""
     workspace = _workspace(ctx)
     card_id = workspace.store.resolve_card(args.id).id
-    workspace.refresh()
+    _refresh(ctx, workspace)
     card = workspace.store.get_card(card_id)
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
     if ctx.json:
         ctx.emit_json(show_json(card, runs, events))
     else:
-        for line in show_text(card, runs, events):
+        for line in show_text(card, runs, events, times=ctx.times()):
             ctx.out(line)
     return 0
 
@@ -277,9 +307,13 @@ def handle_archive(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def handle_board(args: argparse.Namespace, ctx: Context) -> int:
-    """Cards grouped by status."""
+    """Cards grouped by status (``--watch``: again and again)."""
+    return watched(args, ctx, lambda: _board_once(ctx))
+
+
+def _board_once(ctx: Context) -> int:
     workspace = _workspace(ctx)
-    workspace.refresh()
+    _refresh(ctx, workspace)
     cards = workspace.store.list_cards()
     paused = workspace.store.paused()
     if ctx.json:

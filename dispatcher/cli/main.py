@@ -19,6 +19,7 @@ from dispatcher import __version__
 from dispatcher.cli.context import Context
 from dispatcher.cli.groups import GROUPS, chosen_group
 from dispatcher.cli.parser import Parser, global_options
+from scope.foundation.clock import Clock
 from scope.foundation.errors import DispatchError
 
 EXIT_OK = 0
@@ -57,15 +58,21 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
 def main(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    clock: Clock | None = None,
 ) -> int:
-    """Run the CLI; returns the exit status (the console script exits with it)."""
+    """Run the CLI; returns the exit status (the console script exits with it). ``clock``
+    fixes "now" for the times the views show (tests)."""
     environ = os.environ if environ is None else environ
     ctx: Context | None = None
     handler = _diagnostics_handler()
     try:
         arguments = list(sys.argv[1:] if argv is None else argv)
         args = build_parser(arguments).parse_args(arguments)
-        ctx = Context(args, environ)
+        ctx = Context(args, environ, clock=clock)
+        if ctx.read_only:
+            # A broken config is named once, up front, whether or not the view needs it.
+            ctx.config  # noqa: B018
         status = args.handler(args, ctx)
         return int(status or 0)
     except DispatchError as err:
