@@ -153,3 +153,42 @@ def test_ctrl_c_on_wait_exits_130_and_leaves_the_worker(env: dict[str, str]) -> 
     proc.stderr.close()
     assert session_pids(session_id)
     assert dispatch(env, "kill", session_id).returncode == 0
+
+
+def test_logs_follow_passes_the_workers_status_through(env: dict[str, str]) -> None:
+    session_id = dispatch(env, "run", "--", "sh", "-c", "echo one; sleep 0.3; echo two; exit 4")
+    sid = session_id.stdout.decode().strip()
+    followed = dispatch(env, "logs", "-f", sid)
+    assert followed.returncode == 4, followed.stderr
+    assert followed.stdout == b"one\ntwo\n"
+    streamed = dispatch(env, "logs", "-f", "--json", sid)
+    assert streamed.returncode == 4, streamed.stderr
+    lines = [json.loads(line) for line in streamed.stdout.decode().splitlines()]
+    assert "".join(line.get("output", "") for line in lines[:-1]) == "one\ntwo\n"
+    assert lines[-1]["id"] == sid and lines[-1]["exit_code"] == 4
+    assert lines[-1]["state"] == "exited"
+    assert dispatch(env, "logs", sid).returncode == 0  # without -f: the log was printed
+
+
+@pytest.mark.parametrize("json_output", [False, True], ids=["plain", "json"])
+def test_a_closed_stdout_ends_every_format_the_same_way(
+    env: dict[str, str], json_output: bool
+) -> None:
+    assert dispatch(env, "run", "--wait", "--", "echo", "x").returncode == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte: `| head -c0` at its most
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dispatcher.cli.main", "ps", "--all"]
+            + (["--json"] if json_output else []),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141
+    assert done.stderr == b""

@@ -26,6 +26,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_RESTART = 75
+EXIT_CLOSED_STDOUT = 141
 
 
 def build_parser(argv: Sequence[str] | None = None) -> Parser:
@@ -74,6 +75,9 @@ def main(
             # A broken config is named once, up front, whether or not the view needs it.
             ctx.config  # noqa: B018
         status = args.handler(args, ctx)
+        # Flushed here, not at interpreter exit, so a reader that went away (| head) is
+        # handled below like any other closed stdout.
+        (ctx.stdout if ctx is not None else sys.stdout).flush()
         return int(status or 0)
     except DispatchError as err:
         print(f"dispatch: error: {err.message}", file=sys.stderr)
@@ -87,9 +91,11 @@ def main(
         print("dispatch: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # stdout closed early (| head): not an error worth a traceback.
+        # stdout closed early (| head): no traceback and no message, and the same status for
+        # every command and output format: 128 + SIGPIPE, what a shell reports for a program
+        # that a closed pipe ended (cat, and most tools that do not catch SIGPIPE).
         _silence_stdout()
-        return EXIT_FAILED
+        return EXIT_CLOSED_STDOUT
     finally:
         if ctx is not None:
             ctx.close()

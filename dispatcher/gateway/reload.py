@@ -157,4 +157,3 @@ def _send_hup(holder: Holder) -> bool:
 
     assert holder.start_ticks is not None
     return send(Identity(pid=holder.pid, start=holder.start_ticks), signal.SIGHUP)
-
