@@ -51,9 +51,9 @@ class Context:
         """The command only reads the state dir (:data:`dispatcher.cli.groups.READ_ONLY`)."""
         from dispatcher.cli.groups import read_only
 
-        command = getattr(self.args, "command", None)
+        command = getattr(self.args, "group", None)
         sub = getattr(self.args, f"{command}_command", None)
-        return read_only(command, sub, self.args)
+        return read_only(command, sub if isinstance(sub, str) else None, self.args)
 
     @functools.cached_property
     def config_path(self) -> Path | None:

@@ -66,12 +66,12 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     nxt.set_defaults(handler=handle_next)
 
     run = subs.add_parser("run", parents=[common], help="Fire a job now (its own manual fire key).")
-    run.add_argument("job_id", metavar="JOB_ID")
+    run.add_argument("job_id", metavar="JOB_ID", help="a configured job")
     run.add_argument("--wait", action="store_true", help="wait and pass the result through")
     run.set_defaults(handler=handle_run)
 
     history = subs.add_parser("history", parents=[common], help="Ledger rows, newest first.")
-    history.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    history.add_argument("job_id", nargs="?", metavar="JOB_ID", help="only this job's rows")
     history.add_argument("--limit", type=int, default=50, metavar="N", help="rows (default 50)")
     history.set_defaults(handler=handle_history)
 
@@ -81,7 +81,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
             parents=[common],
             help=f"{verb} a job (stored in the state database; overrides enabled).",
         )
-        sub.add_argument("job_id", metavar="JOB_ID")
+        sub.add_argument("job_id", metavar="JOB_ID", help="a configured job")
         sub.set_defaults(handler=handle_pause if name == "pause" else handle_resume)
 
 

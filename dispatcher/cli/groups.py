@@ -70,3 +70,26 @@ def chosen_group(argv: list[str]) -> str | None:
             continue
         return arg if arg in GROUPS else None
     return None
+
+
+GLOBAL_OPTIONS = ("--help", "--version", "--json", *VALUE_OPTIONS)
+
+
+def unknown_global_option(argv: list[str]) -> str | None:
+    """The first option before any command that ``dispatch`` itself does not know (argparse
+    accepts unambiguous prefixes such as ``--vers``), or None."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--" or not arg.startswith("-"):
+            return None
+        if arg == "-h":
+            continue
+        name = arg.split("=", 1)[0]
+        matches = [o for o in GLOBAL_OPTIONS if o.startswith(name) and name.startswith("--")]
+        if not matches:
+            return arg
+        skip = name == arg and matches[0] in VALUE_OPTIONS and len(matches) == 1
+    return None

@@ -33,6 +33,7 @@ from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+CARD_HELP = "card id or a unique prefix (at least 4 characters)"
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -46,7 +47,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         return command
 
     add = sub("add", "Add a card; prints its id.", handle_add)
-    add.add_argument("title", metavar="TITLE")
+    add.add_argument("title", metavar="TITLE", help="the card's title")
     add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
     _body_options(add)
     add.add_argument("--priority", type=int, default=0, metavar="N", help="higher = sooner")
@@ -80,15 +81,17 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     watch_options(ls)
 
     show = sub("show", "Show a card with its runs and events.", handle_show)
-    show.add_argument("id", metavar="ID")
+    show.add_argument("id", metavar="ID", help=CARD_HELP)
 
     edit = sub("edit", "Change a card's title, body, priority or assignee.", handle_edit)
-    edit.add_argument("id", metavar="ID")
-    edit.add_argument("--title")
+    edit.add_argument("id", metavar="ID", help=CARD_HELP)
+    edit.add_argument("--title", help="a new title")
     _body_options(edit)
-    edit.add_argument("--priority", type=int, metavar="N")
-    edit.add_argument("--assignee", metavar="NAME")
-    edit.add_argument("--failure-limit", type=int, metavar="N")
+    edit.add_argument("--priority", type=int, metavar="N", help="a new priority (higher = sooner)")
+    edit.add_argument("--assignee", metavar="NAME", help="another kanban.assignees name")
+    edit.add_argument(
+        "--failure-limit", type=int, metavar="N", help="override kanban.failure_limit for it"
+    )
 
     tick = sub("tick", "Run one dispatcher pass (for a Type=oneshot unit or cron).", handle_tick)
     tick.add_argument("--max", type=int, metavar="N", help="claim at most N cards")
@@ -102,21 +105,26 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 
     block = sub("block", "Worker: block the card.", handle_block)
     _worker_options(block)
-    block.add_argument("--kind", required=True, choices=["needs_input", "transient"])
-    block.add_argument("--reason", required=True, metavar="TEXT")
+    block.add_argument(
+        "--kind",
+        required=True,
+        choices=["needs_input", "transient"],
+        help="needs_input: waits for a person (unblock); transient: retried after a while",
+    )
+    block.add_argument("--reason", required=True, metavar="TEXT", help="why, for the operator")
 
     review = sub("review", "Worker: hand the card to review.", handle_review)
     _worker_options(review)
 
     unblock = sub("unblock", "Unblock a card (resets its failure count).", handle_unblock)
-    unblock.add_argument("id", metavar="ID")
+    unblock.add_argument("id", metavar="ID", help=CARD_HELP)
 
     move = sub("move", "Operator override of a card's status.", handle_move)
-    move.add_argument("id", metavar="ID")
+    move.add_argument("id", metavar="ID", help=CARD_HELP)
     move.add_argument("status", metavar="STATUS", help="/".join(s.value for s in MOVE_TARGETS))
 
     archive = sub("archive", "Archive a card (stops a running worker first).", handle_archive)
-    archive.add_argument("id", metavar="ID")
+    archive.add_argument("id", metavar="ID", help=CARD_HELP)
 
     board = sub("board", "A compact view of the board by status.", handle_board)
     watch_options(board)
@@ -126,7 +134,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 
 def _body_options(parser: Parser) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--body", metavar="TEXT")
+    group.add_argument("--body", metavar="TEXT", help="the card's body (the worker's brief)")
     group.add_argument("--body-file", metavar="F", help="read the body from F ('-': stdin)")
 
 

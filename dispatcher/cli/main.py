@@ -8,6 +8,7 @@ line on stderr and their class's exit code; anything else is a bug and shows a t
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import os
@@ -17,10 +18,10 @@ from collections.abc import Mapping, Sequence
 
 from dispatcher import __version__
 from dispatcher.cli.context import Context
-from dispatcher.cli.groups import GROUPS, chosen_group
+from dispatcher.cli.groups import GROUPS, chosen_group, unknown_global_option
 from dispatcher.cli.parser import Parser, global_options
 from scope.foundation.clock import Clock
-from scope.foundation.errors import DispatchError
+from scope.foundation.errors import DispatchError, UsageError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -56,6 +57,36 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
     return parser
 
 
+def parse(arguments: list[str]) -> argparse.Namespace:
+    """Parse a command line; every usage error names the problem and points at the help of
+    the innermost command it concerns (``see 'dispatch kanban add --help'``)."""
+    parser = build_parser(arguments)
+    if chosen_group(arguments) is None:
+        # Without a command argparse would only say "required: COMMAND", hiding the typo.
+        unknown = unknown_global_option(arguments)
+        if unknown is not None:
+            raise UsageError(f"unrecognized argument: {unknown} (see 'dispatch --help')")
+    args, extras = parser.parse_known_args(arguments)
+    if extras:
+        raise UsageError(
+            f"unrecognized arguments: {' '.join(extras)} "
+            f"(see '{command_path(args, arguments)} --help')"
+        )
+    return args
+
+
+def command_path(args: argparse.Namespace, arguments: list[str]) -> str:
+    """``dispatch kanban add`` for a parsed ``dispatch kanban add ...``."""
+    parts = ["dispatch"]
+    group = chosen_group(arguments)  # not args.command: `run` keeps its argv under that name
+    if group:
+        parts.append(group)
+        sub = getattr(args, f"{group}_command", None)
+        if isinstance(sub, str):
+            parts.append(sub)
+    return " ".join(parts)
+
+
 def main(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -69,7 +100,7 @@ def main(
     handler = _diagnostics_handler()
     try:
         arguments = list(sys.argv[1:] if argv is None else argv)
-        args = build_parser(arguments).parse_args(arguments)
+        args = parse(arguments)
         ctx = Context(args, environ, clock=clock)
         if ctx.read_only:
             # A broken config is named once, up front, whether or not the view needs it.

@@ -92,7 +92,12 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         metavar="REGEX",
         help="publish a watch event for output lines matching REGEX (repeatable)",
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ARGS",
+        help="the command and its arguments, after -- (one string with --shell)",
+    )
     parser.set_defaults(handler=handle)
 
 
