@@ -45,7 +45,7 @@ def test_the_lazy_parser_has_the_same_commands_as_the_full_one() -> None:
     ("argv", "needle", "pointer"),
     [
         (["--bogus"], "unrecognized argument: --bogus", "dispatch --help"),
-        (["--bogus", "ps"], "unrecognized argument: --bogus", "dispatch --help"),
+        (["--bogus", "ps"], "unrecognized arguments: --bogus", "dispatch ps --help"),
         (
             ["kanban", "add", "--bogus", "x"],
             "unrecognized argument: --bogus",
