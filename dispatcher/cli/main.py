@@ -163,7 +163,12 @@ def _silence_stdout() -> None:
 
 
 def entry() -> None:
-    """Console-script entry: exit with :func:`main`'s status."""
+    """Console-script entry: exit with :func:`main`'s status (or answer a shell's completion
+    request and exit; that costs nothing when no shell asks)."""
+    if "_ARGCOMPLETE" in os.environ:
+        from dispatcher.cli.completion import entry_hook
+
+        entry_hook()
     sys.exit(main())
 
 
