@@ -192,3 +192,26 @@ def test_a_closed_stdout_ends_every_format_the_same_way(
         os.close(write_end)
     assert done.returncode == 141
     assert done.stderr == b""
+
+
+def test_run_env_sets_the_workers_environment_and_checks_names(env: dict[str, str]) -> None:
+    done = dispatch(
+        env,
+        "run",
+        "--wait",
+        "-e",
+        "GREETING=hi=there",
+        "--env",
+        "EMPTY=",
+        "--",
+        "sh",
+        "-c",
+        'printf "%s|%s|%s" "$GREETING" "${EMPTY-unset}" "${DISPATCH_SESSION_ID%_*}"',
+    )
+    assert done.returncode == 0, done.stderr
+    sid = done.stdout.decode().strip()
+    assert dispatch(env, "logs", sid).stdout == b"hi=there||s"
+    for bad in ("1X=a", "NO_EQUALS", "A-B=c", "=v", "DISPATCH_SESSION_ID=x"):
+        refused = dispatch(env, "run", "--env", bad, "--", "true")
+        assert refused.returncode == 2, (bad, refused.stderr)
+        assert len(refused.stderr.splitlines()) == 1 and b"--env" in refused.stderr

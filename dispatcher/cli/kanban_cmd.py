@@ -119,6 +119,16 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     unblock = sub("unblock", "Unblock a card (resets its failure count).", handle_unblock)
     unblock.add_argument("id", metavar="ID", help=CARD_HELP)
 
+    retry = sub(
+        "retry",
+        "Run a done, blocked or review card again (a new run; counts reset).",
+        handle_retry,
+    )
+    retry.add_argument("id", metavar="ID", help=CARD_HELP)
+    retry.add_argument(
+        "--reason", metavar="TEXT", help="why, recorded in the card's events (default: retry)"
+    )
+
     move = sub("move", "Operator override of a card's status.", handle_move)
     move.add_argument("id", metavar="ID", help=CARD_HELP)
     move.add_argument("status", metavar="STATUS", help="/".join(s.value for s in MOVE_TARGETS))
@@ -295,6 +305,14 @@ def handle_unblock(args: argparse.Namespace, ctx: Context) -> int:
     workspace = _workspace(ctx)
     card = workspace.board.unblock(args.id, now=workspace.now())
     _print_card(ctx, card.id, card_json(card), f"{card.id} {card.status.value}")
+    return 0
+
+
+def handle_retry(args: argparse.Namespace, ctx: Context) -> int:
+    """A new run of a finished card (the gateway is poked and claims it at once)."""
+    workspace = _workspace(ctx)
+    card = workspace.board.retry(args.id, reason=args.reason, now=workspace.now())
+    _print_card(ctx, card.id, card_json(card), f"{card.id} {card.status.value} (retry)")
     return 0
 
 

@@ -150,6 +150,42 @@ class Board:
         """``blocked`` → ``ready`` with the counts reset."""
         return self.store.unblock(self.store.resolve_card(card_text).id, now=now)
 
+    RETRYABLE = (CardStatus.DONE, CardStatus.BLOCKED, CardStatus.REVIEW)
+    """Statuses a card may be retried from (it has no open run there)."""
+
+    def retry(self, card_text: str, *, reason: str | None = None, now: float) -> Card:
+        """A new run of a finished card: ``done``, ``blocked`` (its failures ended it, or a
+        worker blocked it) or ``review`` → ``ready``, counts reset, the reason in its event.
+        The next tick claims it like any ready card (its next run is a new attempt)."""
+        card = self.store.resolve_card(card_text)
+        if card.status not in self.RETRYABLE or card.current_run_id is not None:
+            raise WrongStatus(
+                card.id,
+                card.status.value,
+                "retry",
+                remedy="retry a done, blocked or review card; a ready or running one runs "
+                "anyway ('dispatch kanban move' overrides a status)",
+            )
+        fields: dict[str, Any] = {
+            "status": CardStatus.READY,
+            "block_kind": None,
+            "blocked_until": None,
+            "consecutive_failures": 0,
+            "tempfail_count": 0,
+            "retry_at": None,
+            "cooldown_until": None,
+            "completed_at": None,
+        }
+        data = {
+            "from": card.status.value,
+            "to": CardStatus.READY.value,
+            "by": "operator",
+            "action": "retry",
+            "reason": (reason or "").strip() or "operator retry",
+        }
+        self.store.append_event(card.id, EventKind.MOVED, data, now=now, fields=fields)
+        return self.store.get_card(card.id)
+
     def move(self, card_text: str, status: str, *, now: float) -> Card:
         """Operator override; a live worker is stopped first."""
         try:
