@@ -8,20 +8,20 @@ line on stderr and their class's exit code; anything else is a bug and shows a t
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import logging
 import os
-import sqlite3
 import sys
-from collections.abc import Mapping, Sequence
 
 from dispatcher import __version__
-from dispatcher.cli.context import Context
-from dispatcher.cli.groups import GROUPS, chosen_group, unknown_global_option
-from dispatcher.cli.parser import Parser, global_options
-from scope.foundation.clock import Clock
-from scope.foundation.errors import DispatchError, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs the CLI's start-up
+    import argparse
+    import logging
+    from collections.abc import Mapping, Sequence
+
+    from dispatcher.cli.context import Context
+    from dispatcher.cli.parser import Parser
+    from scope.foundation.clock import Clock
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -36,6 +36,11 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
     Only the group ``argv`` names is imported and registered in full; the others are one-line
     placeholders, so start-up stays cheap and ``--help`` still lists every group. Without
     ``argv`` every group is registered (for documentation and tests)."""
+    import importlib
+
+    from dispatcher.cli.groups import GROUPS, chosen_group
+    from dispatcher.cli.parser import Parser, Version, global_options
+
     common = global_options()
     parser = Parser(
         prog="dispatch",
@@ -44,7 +49,7 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
         epilog="Exit codes: 0 ok, 1 failed/unhealthy, 2 usage or config error, "
         "75 serve asks for a restart. Docs: docs/ in the source tree.",
     )
-    parser.add_argument("--version", action="version", version=f"dispatch {__version__}")
+    parser.add_argument("--version", action=Version, help="print the version and exit")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     subs.required = True
     wanted = None if argv is None else chosen_group(list(argv))
@@ -60,6 +65,9 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
 def parse(arguments: list[str]) -> argparse.Namespace:
     """Parse a command line; every usage error names the problem and points at the help of
     the innermost command it concerns (``see 'dispatch kanban add --help'``)."""
+    from dispatcher.cli.groups import chosen_group, unknown_global_option
+    from scope.foundation.errors import UsageError
+
     parser = build_parser(arguments)
     if chosen_group(arguments) is None:
         # Without a command argparse would only say "required: COMMAND", hiding the typo.
@@ -77,6 +85,8 @@ def parse(arguments: list[str]) -> argparse.Namespace:
 
 def command_path(args: argparse.Namespace, arguments: list[str]) -> str:
     """``dispatch kanban add`` for a parsed ``dispatch kanban add ...``."""
+    from dispatcher.cli.groups import chosen_group
+
     parts = ["dispatch"]
     group = chosen_group(arguments)  # not args.command: `run` keeps its argv under that name
     if group:
@@ -96,11 +106,35 @@ def main(
     """Run the CLI; returns the exit status (the console script exits with it). ``clock``
     fixes "now" for the times the views show (tests)."""
     environ = os.environ if environ is None else environ
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments == ["--version"]:
+        # The one answer that needs no parser at all (every oneshot tick and completion
+        # script asks it): printed before argparse is even imported.
+        sys.stdout.write(f"dispatch {__version__}\n")
+        return 0
+    from scope.foundation.errors import DispatchError
+
+    try:
+        # Parsing needs nothing but argparse: --version and usage errors end here, before
+        # logging, the database driver or the command's modules are imported.
+        args = parse(arguments)
+    except DispatchError as err:
+        print(f"dispatch: error: {err.message}", file=sys.stderr)
+        return err.exit_code
+    return _run(args, environ, clock)
+
+
+def _run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock | None) -> int:
+    """Run the parsed command: one line on stderr for our errors, see :func:`main`."""
+    import logging
+    import sqlite3
+
+    from dispatcher.cli.context import Context
+    from scope.foundation.errors import DispatchError
+
     ctx: Context | None = None
     handler = _diagnostics_handler()
     try:
-        arguments = list(sys.argv[1:] if argv is None else argv)
-        args = parse(arguments)
         ctx = Context(args, environ, clock=clock)
         if ctx.read_only:
             # A broken config is named once, up front, whether or not the view needs it.
@@ -108,7 +142,7 @@ def main(
         status = args.handler(args, ctx)
         # Flushed here, not at interpreter exit, so a reader that went away (| head) is
         # handled below like any other closed stdout.
-        (ctx.stdout if ctx is not None else sys.stdout).flush()
+        ctx.stdout.flush()
         return int(status or 0)
     except DispatchError as err:
         print(f"dispatch: error: {err.message}", file=sys.stderr)
@@ -133,18 +167,19 @@ def main(
         logging.getLogger("dispatch").removeHandler(handler)
 
 
-class _Diagnostics(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage().replace("\n", " | ")
-        return f"dispatch: {record.levelname.lower()}: {text}"
-
-
 def _diagnostics_handler() -> logging.Handler:
     """Warnings from the library (a degraded placement, a lost session) as one line each on
     stderr; ``dispatch serve`` replaces this with its own journal-friendly handler."""
+    import logging
+
+    class Diagnostics(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            text = record.getMessage().replace("\n", " | ")
+            return f"dispatch: {record.levelname.lower()}: {text}"
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
-    handler.setFormatter(_Diagnostics())
+    handler.setFormatter(Diagnostics())
     handler.dispatch_cli = True  # type: ignore[attr-defined]
     logger = logging.getLogger("dispatch")
     logger.addHandler(handler)

@@ -4,15 +4,49 @@ accepted before or after the subcommand."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
 
 from dispatcher.cli.groups import GROUPS
 from scope.foundation.errors import UsageError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs the CLI's start-up
+    from typing import Any, NoReturn
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's formatter, minus its ``import shutil`` (bz2, lzma, zlib ...) at every
+    ``add_argument``: the width comes from ``COLUMNS`` or the terminal as shutil would."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
+
+
+def _columns() -> int:
+    try:
+        return max(int(os.environ.get("COLUMNS", "")), 20)
+    except ValueError:
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are :class:`UsageError` (one line, exit 2)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
@@ -56,6 +90,19 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+class Version(argparse.Action):
+    """``--version`` without argparse's help formatter."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from dispatcher import __version__
+
+        sys.stdout.write(f"dispatch {__version__}\n")
+        parser.exit()
 
 
 # The type of add_subparsers()'s result; only subscriptable for the type checker on 3.11.
