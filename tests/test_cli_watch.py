@@ -4,6 +4,7 @@ pipe, and Ctrl-C ends it with exit 130 and nothing on stderr."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -50,7 +51,9 @@ def test_on_a_terminal_the_view_is_redrawn_in_place_and_ctrl_c_exits_130(
 ) -> None:
     assert dispatch(env, "run", "--wait", "--", "echo", "hi").returncode == 0
     argv = [sys.executable, "-m", "dispatcher.cli.main", *view, "--watch", "--interval", "0.2"]
-    proc = PtyProcess.spawn(argv, env=env, cwd=str(ROOT), dimensions=(40, 200))
+    proc = PtyProcess.spawn(
+        argv, env=env, cwd=str(ROOT), dimensions=(40, 200), preexec_fn=default_signals
+    )
     seen = b""
     try:
 
@@ -68,7 +71,18 @@ def test_on_a_terminal_the_view_is_redrawn_in_place_and_ctrl_c_exits_130(
         assert "every 0.2s: dispatch" in text
         assert "\x1b[K" in text and "\x1b[J" in text  # lines and the rest cleared, no scrolling
         proc.write(b"\x03")  # Ctrl-C through the terminal's line discipline
-        wait_for(lambda: not proc.isalive(), 20, what="exit after Ctrl-C")
+
+        def ended() -> bool:
+            # Keep reading, as a terminal does: a full PTY buffer would block the writer.
+            ready, _, _ = select.select([proc.fd], [], [], 0.05)
+            if ready:
+                try:
+                    os.read(proc.fd, 65536)
+                except OSError:
+                    pass
+            return not proc.isalive()
+
+        wait_for(ended, 20, what="exit after Ctrl-C")
         assert proc.exitstatus == 130
         assert b"Traceback" not in seen and b"interrupted" not in seen
     finally:
