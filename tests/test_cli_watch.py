@@ -3,6 +3,7 @@ pipe, and Ctrl-C ends it with exit 130 and nothing on stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -76,10 +77,8 @@ def test_on_a_terminal_the_view_is_redrawn_in_place_and_ctrl_c_exits_130(
             # Keep reading, as a terminal does: a full PTY buffer would block the writer.
             ready, _, _ = select.select([proc.fd], [], [], 0.05)
             if ready:
-                try:
+                with contextlib.suppress(OSError):
                     os.read(proc.fd, 65536)
-                except OSError:
-                    pass
             return not proc.isalive()
 
         wait_for(ended, 20, what="exit after Ctrl-C")

@@ -21,14 +21,16 @@ from dispatcher.app.database import open_state
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.cron.crontab import parse as parse_crontab
-from dispatcher.cron.launcher import FireRunner, claimant_token
-from dispatcher.cron.ledger import FireRecord, Ledger, Outcome, Status
+from dispatcher.cron.launcher import FireRunner
+from dispatcher.cron.ledger import FireRecord, Ledger, Status
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
 from dispatcher.cron.report import iso_in, job_entry, known_job_entry, row_entry
 from dispatcher.cron.timeline import CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
-from dispatcher.envfile import read_env_file
-from dispatcher.errors import EnvFileError
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.failure import WorkerSetupError
+from dispatcher.launch.outcome import Outcome
+from dispatcher.launch.setup import Workplace
 from dispatcher.timefmt import TimeView
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
@@ -136,18 +138,20 @@ def _settle_open(ctx: Context, ledger: Ledger) -> None:
         runtime.registry,
         environ=ctx.environ,
         state_dir=ctx.state_dir,
-        claimant=claimant_token(),
+        claimant=Claimant.current(instance=True).token(),
         clock=SystemClock().time,
+        config_path=ctx.config_path,
     )
     runner.reconcile({job.id: job for job in ctx.settings.cron.jobs})
 
 
-def _env_warnings(plan: JobPlan) -> list[str]:
+def _env_warnings(ctx: Context, plan: JobPlan) -> list[str]:
     if not plan.job.env_file:
         return []
+    workplace = Workplace(state_dir=ctx.state_dir, config_path=ctx.config_path, environ={})
     try:
-        read_env_file(plan.job.env_file)
-    except EnvFileError as err:
+        workplace.read_env_file(plan.job.env_file)
+    except WorkerSetupError as err:
         return [err.message]
     return []
 
@@ -170,7 +174,7 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
         if job_active(plan.job, state):
             found = plan.schedule.next_instants(times.now, 1)
             upcoming = found[0] if found else None
-        warnings = _env_warnings(plan)
+        warnings = _env_warnings(ctx, plan)
         for warning in warnings:
             ctx.warn(f"cron job {plan.job.id!r}: {warning}")
         entries.append(job_entry(plan, state, upcoming, last.get(plan.job.id), warnings))
@@ -357,14 +361,15 @@ def handle_run(args: argparse.Namespace, ctx: Context) -> int:
         runtime.db,
         environ=ctx.environ,
         state_dir=ctx.state_dir,
+        config_path=ctx.config_path,
     )
     record = scheduler.run_now(args.job_id)
-    if record.session_id is None:
+    if record.session_id is None or not args.wait:
         _report_run(ctx, record)
-        return _exit_status(record)
-    if not args.wait:
-        _report_run(ctx, record)
-        return 0
+        if args.wait:
+            return _exit_status(record)
+        # Without --wait the command fails (exit 1) only when the fire could not start.
+        return 1 if _not_started(record) else 0
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
@@ -386,25 +391,35 @@ def _report_run(ctx: Context, record: FireRecord) -> None:
         ctx.emit_json(row_entry(record))
     elif record.session_id:
         ctx.out(record.session_id)
-    if record.outcome in (Outcome.SPAWN_REFUSED, Outcome.FAILED_START) and record.error:
-        ctx.warn(f"{record.fire_key}: {record.outcome.value}: {record.error}")
+    if _not_started(record) and record.session_id is not None:
+        # The worker's exec failed in its keeper (a refused spawn, where no session exists,
+        # was already named on stderr by the launch core's warning).
+        ctx.warn(f"{record.fire_key}: {record.shown_outcome}: {record.error}")
+
+
+def _not_started(record: FireRecord) -> bool:
+    """Whether the fire never got a running worker (refused, failed to start, unusable)."""
+    if record.outcome in (Outcome.SPAWN_REFUSED, Outcome.FAILED_START):
+        return True
+    return record.outcome is Outcome.CONFIG_ERROR and record.exit_code is None
 
 
 def _exit_status(record: FireRecord) -> int:
+    """The fire's result as an exit status, as ``dispatch wait`` passes a worker's through:
+    its exit code, 128+N for signal N, 124 for a timeout, 127 when it could not start, 1 for
+    a refused spawn or a worker definition that cannot be used."""
     outcome = record.outcome
     if outcome is None or outcome is Outcome.COMPLETED:
         return 0
-    if outcome is Outcome.FAILED:
-        if record.signal:
-            try:
-                return 128 + signal.Signals[record.signal].value
-            except KeyError:
-                return 1
-        return record.exit_code if record.exit_code is not None else 1
+    if record.signal:
+        try:
+            return 128 + signal.Signals[record.signal].value
+        except KeyError:
+            return 1
     if outcome is Outcome.TIMED_OUT:
         return 124
     if outcome is Outcome.FAILED_START:
         return 127
-    if outcome is Outcome.SPAWN_REFUSED:
-        return 1
+    if record.exit_code:
+        return record.exit_code
     return 1

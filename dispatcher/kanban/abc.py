@@ -27,14 +27,14 @@ from dispatcher.kanban.model import (
     CardChange,
     CardEdit,
     CardStatus,
-    Claimer,
     Event,
     EventKind,
     Limits,
     NewCard,
     Run,
-    RunResult,
 )
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Result
 
 
 class ClaimVerdict(enum.StrEnum):
@@ -154,7 +154,7 @@ class BoardStore(abc.ABC):
         card_id: str,
         *,
         now: float,
-        claimer: Claimer,
+        claimer: Claimant,
         limits: Limits,
         ignore_cooldown: bool = False,
     ) -> Claim:
@@ -176,7 +176,7 @@ class BoardStore(abc.ABC):
 
     @abc.abstractmethod
     def close_run(
-        self, run_id: str, result: RunResult, decide: Decide, *, now: float
+        self, run_id: str, result: Result, decide: Decide, *, now: float
     ) -> tuple[Run, Card] | None:
         """Give an open run its outcome and apply ``decide(card, run)`` to the card, in one
         transaction. None (nothing changed) when the run was already closed."""
