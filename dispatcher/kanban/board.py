@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
@@ -27,10 +27,11 @@ from dispatcher.kanban.model import (
     move_fields,
 )
 from dispatcher.kanban.settings import KanbanSettings
-from dispatcher.kanban.worker import remove_body
-from dispatcher.launch.outcome import Outcome, Result, outcome_of
-from registry.abc import Registry, SessionState
 from scope.foundation.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from dispatcher.launch.outcome import Result
+    from registry.abc import Registry
 
 MAX_TITLE = 500
 _RUN_ID = re.compile(r"r_[0-9a-f]{4,}")
@@ -251,11 +252,18 @@ class Board:
             status = change(current).fields["status"]
             return self.store.move(card.id, CardStatus(status), now=now)
         if self._state_dir is not None:
+            from dispatcher.kanban.worker import remove_body
+
             remove_body(self._state_dir, run.run_id)
         return done[1]
 
     def _stop(self, run: Run, reason: str) -> Result:
         """Kill the run's worker (if any) and say how the run ended."""
+        # Imported here: only stopping a live worker needs the launch core and the registry's
+        # vocabulary, and every `kanban add` pays for what this module imports.
+        from dispatcher.launch.outcome import Outcome, Result, outcome_of
+        from registry.abc import SessionState
+
         if run.session_id is None:
             # Not spawned yet: closing the run makes its spawner stop what it starts.
             return Result(outcome=Outcome.RECLAIMED, error=f"{reason} before its worker started")
