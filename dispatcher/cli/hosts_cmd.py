@@ -37,6 +37,11 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
 
     cluster = ctx.settings.cluster
     url = cluster.url(ctx.environ)
+    if url is None and ctx.config_problem is not None:
+        raise UsageError(
+            "the cluster database is unknown while the config cannot be read",
+            remedy="fix the config, or name the database with DISPATCH_DATABASE_URL",
+        )
     if url is None:
         raise UsageError(
             "no cluster database is configured (this host runs alone on SQLite)",
