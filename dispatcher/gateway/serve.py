@@ -77,9 +77,11 @@ class _RecentErrors(logging.Handler):
 
     def forget(self, prefix: str) -> None:
         """Drop the entries whose message starts with ``prefix`` (a problem that is over)."""
-        kept = [item for item in self.items if not item["message"].startswith(prefix)]
-        self.items.clear()
-        self.items.extend(kept)
+        # The handler's own lock: emit() runs under it (logging.Handler.handle), from any thread.
+        with self.lock:  # type: ignore[union-attr]
+            kept = [item for item in self.items if not item["message"].startswith(prefix)]
+            self.items.clear()
+            self.items.extend(kept)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.items.append(
