@@ -61,24 +61,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     add.add_argument("--idempotency-key", metavar="K", help="adding the same key again is a no-op")
     add.add_argument("--failure-limit", type=int, metavar="N", help="override kanban.failure_limit")
 
-    ls = sub("list", "List cards (archived ones only with --all).", handle_list)
-    ls.add_argument(
-        "--status",
-        choices=[s.value for s in CardStatus],
-        metavar="S",
-        help="only cards in status S (" + ", ".join(s.value for s in CardStatus) + ")",
-    )
-    ls.add_argument("--assignee", metavar="A", help="only cards of assignee A")
-    ls.add_argument("--all", action="store_true", help="include archived cards")
-    ls.add_argument(
-        "--sort",
-        choices=sorted(SORT_KEYS),
-        default="priority",
-        help="order: priority (highest first, the default), created (oldest first), "
-        "updated (newest first), status (board order) or id",
-    )
-    ls.add_argument("--limit", type=positive_int, metavar="N", help="at most N cards")
-    watch_options(ls)
+    _list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
 
     show = sub("show", "Show a card with its runs and events.", handle_show)
     show.add_argument("id", metavar="ID", help=CARD_HELP)
@@ -140,6 +123,27 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     watch_options(board)
     sub("pause", "Stop claiming cards (stored; survives restarts).", handle_pause)
     sub("resume", "Resume claiming cards.", handle_resume)
+
+
+def _list_options(ls: Parser) -> None:
+    """``kanban list``'s filters, order, limit and --watch."""
+    ls.add_argument(
+        "--status",
+        choices=[s.value for s in CardStatus],
+        metavar="S",
+        help="only cards in status S (" + ", ".join(s.value for s in CardStatus) + ")",
+    )
+    ls.add_argument("--assignee", metavar="A", help="only cards of assignee A")
+    ls.add_argument("--all", action="store_true", help="include archived cards")
+    ls.add_argument(
+        "--sort",
+        choices=sorted(SORT_KEYS),
+        default="priority",
+        help="order: priority (highest first, the default), created (oldest first), "
+        "updated (newest first), status (board order) or id",
+    )
+    ls.add_argument("--limit", type=positive_int, metavar="N", help="at most N cards")
+    watch_options(ls)
 
 
 def _body_options(parser: Parser) -> None:

@@ -41,6 +41,7 @@ from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import host_zone_name
 from dispatcher.gateway.lock import ServeLock
 from dispatcher.gateway.notify import Notifier
+from dispatcher.gateway.recent import RecentErrors
 from dispatcher.gateway.reload import ReloadRecord, write_reload
 from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.dispatcher import KanbanDispatcher
@@ -67,33 +68,6 @@ STATUS_INTERVAL = 5.0
 REJECTED = "reload rejected, keeping the old config:"
 
 
-class _RecentErrors(logging.Handler):
-    """Keeps the last warnings and errors for ``dispatch status``."""
-
-    def __init__(self, clock: Clock, size: int = 20) -> None:
-        super().__init__(level=logging.WARNING)
-        self.clock = clock
-        self.items: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
-
-    def forget(self, prefix: str) -> None:
-        """Drop the entries whose message starts with ``prefix`` (a problem that is over)."""
-        # The handler's own lock: emit() runs under it (logging.Handler.handle), from any thread.
-        with self.lock:  # type: ignore[union-attr]
-            kept = [item for item in self.items if not item["message"].startswith(prefix)]
-            self.items.clear()
-            self.items.extend(kept)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.items.append(
-            {
-                "at": self.clock.time(),
-                "level": record.levelname.lower(),
-                "source": record.name.removeprefix("dispatch."),
-                "message": record.getMessage(),
-            }
-        )
-
-
 class Gateway:
     """One ``dispatch serve`` process (see the module docstring)."""
 
@@ -112,7 +86,7 @@ class Gateway:
         self.config_path = config_path
         self.clock: Clock = clock or SystemClock()
         self.notifier = Notifier(self.environ)
-        self.errors = _RecentErrors(self.clock)
+        self.errors = RecentErrors(self.clock)
         self._finished: queue.SimpleQueue[Session] = queue.SimpleQueue()
         self._stop = False
         self._reload = False
