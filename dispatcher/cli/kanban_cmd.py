@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from dispatcher.app.workspace import Workspace
@@ -82,22 +83,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         "--dry-run", action="store_true", help="show what would start; change nothing"
     )
 
-    complete = sub("complete", "Worker: report the card done.", handle_complete)
-    _worker_options(complete)
-    complete.add_argument("--result", metavar="TEXT", help="a short result to store")
-
-    block = sub("block", "Worker: block the card.", handle_block)
-    _worker_options(block)
-    block.add_argument(
-        "--kind",
-        required=True,
-        choices=["needs_input", "transient"],
-        help="needs_input: waits for a person (unblock); transient: retried after a while",
-    )
-    block.add_argument("--reason", required=True, metavar="TEXT", help="why, for the operator")
-
-    review = sub("review", "Worker: hand the card to review.", handle_review)
-    _worker_options(review)
+    _worker_commands(sub)
 
     unblock = sub("unblock", "Unblock a card (resets its failure count).", handle_unblock)
     unblock.add_argument("id", metavar="ID", help=CARD_HELP)
@@ -123,6 +109,26 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     watch_options(board)
     sub("pause", "Stop claiming cards (stored; survives restarts).", handle_pause)
     sub("resume", "Resume claiming cards.", handle_resume)
+
+
+def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
+    """``complete``, ``block`` and ``review``: what a worker reports about its own card."""
+    complete = sub("complete", "Worker: report the card done.", handle_complete)
+    _worker_options(complete)
+    complete.add_argument("--result", metavar="TEXT", help="a short result to store")
+
+    block = sub("block", "Worker: block the card.", handle_block)
+    _worker_options(block)
+    block.add_argument(
+        "--kind",
+        required=True,
+        choices=["needs_input", "transient"],
+        help="needs_input: waits for a person (unblock); transient: retried after a while",
+    )
+    block.add_argument("--reason", required=True, metavar="TEXT", help="why, for the operator")
+
+    review = sub("review", "Worker: hand the card to review.", handle_review)
+    _worker_options(review)
 
 
 def _list_options(ls: Parser) -> None:
