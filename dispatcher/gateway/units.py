@@ -194,6 +194,26 @@ def inspect_unit(
             f"run 'loginctl enable-linger {user}' so the user manager runs without a login"
         )
 
+    _runtime_dir_check(unit, env, user, checks, remedies)
+    return {
+        "name": unit.path.name,
+        "path": str(unit.path),
+        "manager": unit.manager,
+        "role": role,
+        "ok": all(check["ok"] for check in checks.values()),
+        "checks": checks,
+        "remedies": remedies,
+    }
+
+
+def _runtime_dir_check(
+    unit: UnitFile,
+    env: dict[str, str],
+    user: str,
+    checks: dict[str, dict[str, Any]],
+    remedies: list[str],
+) -> None:
+    """A system service names the user manager's runtime dir; a user unit gets it."""
     runtime = env.get("XDG_RUNTIME_DIR")
     if unit.manager == "user":
         checks["runtime_dir"] = {
@@ -221,15 +241,6 @@ def inspect_unit(
                 f"{unit.path.name}: add Environment=XDG_RUNTIME_DIR={fallback} and "
                 f"Environment=DBUS_SESSION_BUS_ADDRESS=unix:path={fallback}/bus"
             )
-    return {
-        "name": unit.path.name,
-        "path": str(unit.path),
-        "manager": unit.manager,
-        "role": role,
-        "ok": all(check["ok"] for check in checks.values()),
-        "checks": checks,
-        "remedies": remedies,
-    }
 
 
 def _exec_checks(
