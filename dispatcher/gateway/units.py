@@ -149,23 +149,7 @@ def inspect_unit(
     checks: dict[str, dict[str, Any]] = {}
     remedies: list[str] = []
 
-    if role == "kanban-tick" and degrade_without_scope and kill_mode == "control-group":
-        checks["kill_mode"] = {
-            "ok": False,
-            "value": kill_mode,
-            "detail": "degraded kanban workers die as soon as the tick's unit ends",
-        }
-        remedies.append(
-            f"{unit.path.name}: set KillMode=process so degraded workers outlive "
-            "the tick, or make scopes work (see linger)"
-        )
-    else:
-        detail = (
-            "unscoped (degraded) children die when the unit stops; scoped workers survive"
-            if kill_mode in ("control-group", "mixed")
-            else "processes left in the unit survive its stop"
-        )
-        checks["kill_mode"] = {"ok": True, "value": kill_mode, "detail": detail}
+    _kill_mode_check(unit, role, kill_mode, degrade_without_scope, checks, remedies)
 
     if role == "serve":
         ok = unit_type == "notify"
@@ -204,6 +188,34 @@ def inspect_unit(
         "checks": checks,
         "remedies": remedies,
     }
+
+
+def _kill_mode_check(
+    unit: UnitFile,
+    role: str,
+    kill_mode: str,
+    degrade_without_scope: bool,
+    checks: dict[str, dict[str, Any]],
+    remedies: list[str],
+) -> None:
+    """A tick that starts degraded workers must not kill them with its cgroup."""
+    if role == "kanban-tick" and degrade_without_scope and kill_mode == "control-group":
+        checks["kill_mode"] = {
+            "ok": False,
+            "value": kill_mode,
+            "detail": "degraded kanban workers die as soon as the tick's unit ends",
+        }
+        remedies.append(
+            f"{unit.path.name}: set KillMode=process so degraded workers outlive "
+            "the tick, or make scopes work (see linger)"
+        )
+    else:
+        detail = (
+            "unscoped (degraded) children die when the unit stops; scoped workers survive"
+            if kill_mode in ("control-group", "mixed")
+            else "processes left in the unit survive its stop"
+        )
+        checks["kill_mode"] = {"ok": True, "value": kill_mode, "detail": detail}
 
 
 def _runtime_dir_check(
