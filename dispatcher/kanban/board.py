@@ -26,6 +26,7 @@ from dispatcher.kanban.model import (
     Run,
     move_fields,
 )
+from dispatcher.kanban.rules import FRESH_START
 from dispatcher.kanban.settings import KanbanSettings
 from scope.foundation.errors import NotFoundError
 
@@ -165,16 +166,7 @@ class Board:
                 remedy="retry a done, blocked or review card; a ready or running one runs "
                 "anyway ('dispatch kanban move' overrides a status)",
             )
-        fields: dict[str, Any] = {
-            "status": CardStatus.READY,
-            "block_kind": None,
-            "blocked_until": None,
-            "consecutive_failures": 0,
-            "tempfail_count": 0,
-            "retry_at": None,
-            "cooldown_until": None,
-            "completed_at": None,
-        }
+        fields: dict[str, Any] = {"status": CardStatus.READY, **FRESH_START, "completed_at": None}
         data = {
             "from": card.status.value,
             "to": CardStatus.READY.value,
