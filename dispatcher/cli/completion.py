@@ -2,8 +2,9 @@
 
 - Completion is argcomplete's: ``dispatch completion bash|zsh|fish`` prints the shell's hook,
   which runs ``dispatch`` itself with ``_ARGCOMPLETE`` set. :func:`entry_hook` (called first
-  thing by the console script) then builds the *full* parser (every group registered, not the
-  lazy one), attaches the completers for live ids and lets argcomplete answer and exit.
+  thing by the console script) then builds the parser with the group being typed registered in
+  full (every group's name and help are always there), attaches the completers for live ids
+  and lets argcomplete answer and exit.
   Without ``_ARGCOMPLETE`` the hook is one dictionary lookup: ``dispatch --version`` pays
   nothing for it.
 - Live ids come from the state dir the command line names (``--state-dir``, else
@@ -39,10 +40,28 @@ def entry_hook(environ: Mapping[str, str] | None = None) -> None:
 
     from dispatcher.cli.main import build_parser
 
-    parser = build_parser()
+    # The group the line names is registered in full (the others keep their placeholders,
+    # which carry their names and help): a TAB pays for one command module, not all of them.
+    parser = build_parser(_typed_words(env))
     attach_completers(parser)
     argcomplete.autocomplete(parser)  # exits after answering
     raise SystemExit(0)  # not reached unless argcomplete declined (a broken hook): no output
+
+
+def _typed_words(env: Mapping[str, str]) -> list[str]:
+    """The words typed so far after ``dispatch`` (as the shell's hook reports them)."""
+    import shlex
+
+    line = env.get("COMP_LINE", "")
+    try:
+        point = int(env.get("COMP_POINT", len(line)))
+    except ValueError:
+        point = len(line)
+    try:
+        words = shlex.split(line[:point])
+    except ValueError:  # an open quote: good enough for finding the group
+        words = line[:point].split()
+    return words[1:]
 
 
 def shell_code(shell: str) -> str:
