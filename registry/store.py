@@ -34,7 +34,6 @@ from registry.changes import (
     WatchMark,
 )
 from registry.events import V2_SCHEMA, EventDraft, EventStore
-from registry.prune import due_for_pruning
 from registry.state import Component, Migration, StateDB
 from scope.abc import CallerKind, Placement
 
@@ -552,6 +551,8 @@ class SessionStore:
             rows = conn.execute(
                 "SELECT id, finished_at FROM registry_sessions WHERE state != 'running'"
             ).fetchall()
+            from registry.prune import due_for_pruning  # only pruning needs the policy
+
             due = due_for_pruning(
                 ((r["id"], r["finished_at"]) for r in rows),
                 finished_before=finished_before,

@@ -4,6 +4,7 @@ fences, and bad input (exit 2, one line, the database unchanged)."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
 from tests.support.wait import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
 
 REPORT = f"{sys.executable} -m dispatcher.cli.main kanban complete --result from-worker && exit 3"
 # degrade_without_scope: a test runner inside a systemd service must still start workers.
@@ -394,3 +397,40 @@ def test_a_missing_binary_is_an_ordinary_counted_failure(cli: Cli) -> None:
     assert all(not r["infrastructure"] for r in doc["runs"])  # type: ignore[union-attr]
     assert doc["consecutive_failures"] == 2
     assert "worker-binary" in str(doc["last_failure_error"])
+
+
+def test_retry_runs_a_finished_card_again_with_the_reason_in_its_events(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("kanban:\n  assignees:\n    ok:\n      command: [sh, -c, 'echo run']\n")
+    env = {**os.environ, "DISPATCH_CONFIG": str(config), "DISPATCH_STATE_DIR": str(tmp_path / "s")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dispatcher.cli.main", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
+
+    card = cli("kanban", "add", "again", "--assignee", "ok").stdout.strip()
+    refused = cli("kanban", "retry", card)  # ready: it runs anyway
+    assert refused.returncode == 2 and "cannot retry" in refused.stderr
+    assert cli("kanban", "tick").returncode == 0
+
+    def shown() -> dict:
+        cli("kanban", "list")  # reconciles the finished run
+        return json.loads(cli("kanban", "show", card, "--json").stdout)
+
+    wait_for(lambda: shown()["status"] == "done", 30, what="first run done")
+    retried = cli("kanban", "retry", card, "--reason", "flaky upstream")
+    assert retried.returncode == 0, retried.stderr
+    doc = shown()
+    assert doc["status"] == "ready" and doc["completed_at"] is None
+    moved = [e for e in doc["events"] if e["kind"] == "moved"][-1]
+    assert moved["data"]["action"] == "retry" and moved["data"]["reason"] == "flaky upstream"
+    assert cli("kanban", "tick").returncode == 0
+    wait_for(lambda: shown()["status"] == "done", 30, what="second run done")
+    assert [r["attempt"] for r in shown()["runs"]] == [1, 2]

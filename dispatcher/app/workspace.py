@@ -21,8 +21,6 @@ from dispatcher.app.clusterstate import ClusterState, open_cluster_state
 from dispatcher.app.database import open_state
 from dispatcher.app.wake import poke
 from dispatcher.kanban.board import Board
-from dispatcher.kanban.dispatcher import KanbanDispatcher
-from dispatcher.kanban.faults import FaultPoint
 from dispatcher.kanban.report import Closed, TickReport
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.settings import Settings
@@ -32,6 +30,7 @@ from scope.foundation.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
+    from dispatcher.kanban.dispatcher import KanbanDispatcher
 
 
 NO_LEASE_WARNING = (
@@ -102,6 +101,10 @@ class Workspace:
     def dispatcher(self) -> KanbanDispatcher:
         """The dispatcher for this command (opens the registry)."""
         if self._dispatcher is None:
+            # Imported here: adding or editing a card never needs the dispatcher.
+            from dispatcher.kanban.dispatcher import KanbanDispatcher
+            from dispatcher.kanban.faults import FaultPoint
+
             runtime = self._open_runtime()
             self._dispatcher = KanbanDispatcher(
                 store=self.store,

@@ -15,6 +15,7 @@ import datetime as dt
 import signal
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from dispatcher.app.clusterstate import open_cluster_state
 from dispatcher.cli.context import Context
@@ -23,19 +24,21 @@ from dispatcher.cron.crontab import parse as parse_crontab
 from dispatcher.cron.launcher import FireRunner
 from dispatcher.cron.ledger import FireRecord, Ledger, Status
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
-from dispatcher.cron.report import iso_in, job_entry, policies, row_entry, schedule_text
+from dispatcher.cron.report import iso_in, job_entry, known_job_entry, row_entry
 from dispatcher.cron.timeline import CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.failure import WorkerSetupError
 from dispatcher.launch.outcome import Outcome
 from dispatcher.launch.setup import Workplace
+from dispatcher.timefmt import TimeView
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
 from scope.foundation.errors import NotFoundError, UsageError
 from scope.foundation.schema import format_duration
 
 MAX_COUNT = 1000
+_EPOCH_KEYS = ("next_fire_at", "last_fire_at")
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -65,12 +68,12 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     nxt.set_defaults(handler=handle_next)
 
     run = subs.add_parser("run", parents=[common], help="Fire a job now (its own manual fire key).")
-    run.add_argument("job_id", metavar="JOB_ID")
+    run.add_argument("job_id", metavar="JOB_ID", help="a configured job")
     run.add_argument("--wait", action="store_true", help="wait and pass the result through")
     run.set_defaults(handler=handle_run)
 
     history = subs.add_parser("history", parents=[common], help="Ledger rows, newest first.")
-    history.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    history.add_argument("job_id", nargs="?", metavar="JOB_ID", help="only this job's rows")
     history.add_argument("--limit", type=int, default=50, metavar="N", help="rows (default 50)")
     history.set_defaults(handler=handle_history)
 
@@ -80,7 +83,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
             parents=[common],
             help=f"{verb} a job (stored in the state database; overrides enabled).",
         )
-        sub.add_argument("job_id", metavar="JOB_ID")
+        sub.add_argument("job_id", metavar="JOB_ID", help="a configured job")
         sub.set_defaults(handler=handle_pause if name == "pause" else handle_resume)
 
 
@@ -88,8 +91,21 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 
 
 def _plans(ctx: Context) -> dict[str, JobPlan]:
-    host = host_zone_name(ctx.environ)
+    host = _scheduler_zone(ctx)
     return {job.id: plan_job(job, host) for job in ctx.settings.cron.jobs}
+
+
+def _scheduler_zone(ctx: Context) -> str:
+    """The zone a job without ``timezone`` fires in: the running gateway's (from its status
+    file), else the system's; never this command's own ``TZ``."""
+    from dispatcher.gateway.lock import read_holder
+    from dispatcher.gateway.statusfile import read_status
+
+    holder = read_holder(ctx.state_dir)
+    status = read_status(ctx.state_dir) if holder else None
+    if status is not None and holder is not None and status.pid == holder.pid and status.host_zone:
+        return status.host_zone
+    return host_zone_name({})
 
 
 def _plan(ctx: Context, job_id: str) -> JobPlan:
@@ -108,7 +124,10 @@ def _ledger(ctx: Context) -> Ledger:
 
 def _settle_open(ctx: Context, ledger: Ledger) -> None:
     """Record outcomes of fires whose worker ended while no scheduler was watching (a
-    ``cron run`` without ``--wait``, a scheduler that is down)."""
+    ``cron run`` without ``--wait``, a scheduler that is down). Not while the config is broken
+    (a read-only view): settling applies each job's configured policies."""
+    if ctx.config_problem is not None:
+        return
     if not ledger.open_rows((Status.RUNNING, Status.CLAIMED, Status.SPAWNING)):
         return
     from dispatcher.app.runtime import runtime_from_context
@@ -147,46 +166,59 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
     _settle_open(ctx, ledger)
     states = ledger.job_states()
     last = ledger.last_rows()
-    now = SystemClock().time()
+    times = ctx.times()
     entries = []
     for plan in plans.values():
         state = states.get(plan.job.id)
         upcoming = None
         if job_active(plan.job, state):
-            found = plan.schedule.next_instants(now, 1)
+            found = plan.schedule.next_instants(times.now, 1)
             upcoming = found[0] if found else None
         warnings = _env_warnings(ctx, plan)
         for warning in warnings:
             ctx.warn(f"cron job {plan.job.id!r}: {warning}")
         entries.append(job_entry(plan, state, upcoming, last.get(plan.job.id), warnings))
+    if ctx.config_problem is not None:
+        # The file is broken: show what the ledger knows about the jobs it has seen.
+        for job_id in sorted((set(states) | set(last)) - set(plans)):
+            entries.append(known_job_entry(job_id, states.get(job_id), last.get(job_id)))
     if ctx.json:
-        ctx.emit_json(entries)
+        # The epoch copies are for the table; JSON carries ISO-8601 only.
+        ctx.emit_json([{k: v for k, v in e.items() if k not in _EPOCH_KEYS} for e in entries])
         return 0
     if not entries:
         ctx.out("no cron jobs configured")
         return 0
-    rows = [("ID", "SCHEDULE", "TIMEZONE", "STATE", "NEXT FIRE", "LAST", "POLICIES")]
-    for entry, plan in zip(entries, plans.values(), strict=True):
+    rows = [("ID", "SCHEDULE", "TIMEZONE", "STATE", "NEXT", "LEFT", "LAST", "POLICIES")]
+    for entry in entries:
         state_text = "active" if entry["active"] else "disabled"
         if entry["paused"]:
             state_text = "paused"
+        nxt = entry.get("next_fire_at")
         rows.append(
             (
                 entry["id"],
-                schedule_text(plan),
-                entry["timezone"],
+                entry["schedule"] or "?",
+                entry["timezone"] or "?",
                 state_text,
-                entry["next_fire"] or "-",
-                entry["last_outcome"] or "-",
-                _policy_text(plan),
+                times.at(nxt, entry["timezone"]) if nxt else "-",
+                times.ago(nxt) if nxt else "-",
+                _last_text(entry, times),
+                _policy_text(entry) if entry["schedule"] else "(config not loaded)",
             )
         )
     _table(ctx, rows)
     return 0
 
 
-def _policy_text(plan: JobPlan) -> str:
-    p = policies(plan)
+def _last_text(entry: dict[str, Any], times: TimeView) -> str:
+    if not entry["last_outcome"]:
+        return "-"
+    at = entry.get("last_fire_at")
+    return f"{entry['last_outcome']} {times.ago(at)}" if at else entry["last_outcome"]
+
+
+def _policy_text(p: dict[str, Any]) -> str:
     text = (
         f"overlap={p['overlap']} catch_up={p['catch_up']} "
         f"window={format_duration(p['catch_up_window'])} max={p['catch_up_max']}"
@@ -291,6 +323,7 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
     if not rows:
         ctx.out("no cron history")
         return 0
+    times = ctx.times()
     table = [("FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR")]
     for row in rows:
         entry = row_entry(row)
@@ -301,7 +334,7 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
             (
                 row.fire_key,
                 entry["outcome"] + (" (catch-up)" if row.catch_up else ""),
-                entry["nominal"] or "-",
+                times.both(row.nominal, row.zone),
                 row.placement or "-",
                 row.session_id or "-",
                 exit_text,

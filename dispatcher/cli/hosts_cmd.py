@@ -13,7 +13,7 @@ from typing import Any
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.timefmt import iso, short
+from dispatcher.timefmt import iso
 from scope.foundation.errors import UsageError
 
 DESCRIPTION = (
@@ -32,7 +32,13 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     """List the hosts."""
     from dispatcher.app.clusterstate import cluster_url, open_cluster_state
 
-    if cluster_url(ctx.settings, ctx.environ) is None:
+    url = cluster_url(ctx.settings, ctx.environ)
+    if url is None and ctx.config_problem is not None:
+        raise UsageError(
+            "the cluster database is unknown while the config cannot be read",
+            remedy="fix the config, or name the database with DISPATCH_DATABASE_URL",
+        )
+    if url is None:
         raise UsageError(
             "no cluster database is configured (this host runs alone on SQLite)",
             remedy="set cluster.database in config.yaml or DISPATCH_DATABASE_URL",
@@ -55,6 +61,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     if not hosts:
         ctx.out("no host has joined this cluster yet")
         return 0
+    times = ctx.times()
     ctx.out(
         f"{'HOST':<16} {'BOOT ID':<13} {'VERSION':<8} {'LEASE':<8} {'HEARTBEAT':<12} "
         f"{'EPOCH':>5} {'RUNS':>5} {'SKEW':>8}"
@@ -63,7 +70,8 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         skew = "-" if row.skew is None else f"{row.skew:+.2f}s"
         ctx.out(
             f"{row.host_id:<16} {row.boot_id[:13]:<13} {row.version:<8} {shown['lease']:<8} "
-            f"{short(row.heartbeat_at):<12} {row.epoch:>5} {shown['running_runs']:>5} {skew:>8}"
+            f"{times.ago(row.heartbeat_at):<12} {row.epoch:>5} {shown['running_runs']:>5} "
+            f"{skew:>8}"
         )
     return 0
 

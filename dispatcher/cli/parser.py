@@ -4,17 +4,105 @@ accepted before or after the subcommand."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, NoReturn
+import os
+import sys
+from collections.abc import Sequence
 
 from dispatcher.cli.groups import GROUPS
 from scope.foundation.errors import UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs the CLI's start-up
+    from typing import Any, NoReturn
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's formatter, minus its ``import shutil`` (bz2, lzma, zlib ...) at every
+    ``add_argument``: the width comes from ``COLUMNS`` or the terminal as shutil would."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
+
+
+def _columns() -> int:
+    try:
+        return max(int(os.environ.get("COLUMNS", "")), 20)
+    except ValueError:
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
 
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are :class:`UsageError` (one line, exit 2)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """As argparse's, except that a mistyped option is named even when argparse would
+        first complain about a missing required argument (``kanban add --bogus x``)."""
+        try:
+            return super().parse_known_args(args, namespace)
+        except UsageError:
+            unknown = self._unknown_option(list(args or ())) if self._subparsers is None else None
+            if unknown is None:
+                raise
+            raise UsageError(
+                f"unrecognized argument: {unknown} (see '{self.prog} --help')"
+            ) from None
+
+    def _unknown_option(self, args: list[str]) -> str | None:
+        known = self._option_string_actions
+        for arg in args:
+            if arg == "--":
+                return None
+            if not arg.startswith("-") or arg == "-" or _is_number(arg):
+                continue
+            name = arg.split("=", 1)[0]
+            if name in known or (
+                name.startswith("--") and sum(o.startswith(name) for o in known) == 1
+            ):
+                continue
+            if not name.startswith("--") and name[:2] in known:
+                continue  # -n5 style: a short option with its value attached
+            return arg
+        return None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class Version(argparse.Action):
+    """``--version`` without argparse's help formatter."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from dispatcher import __version__
+
+        sys.stdout.write(f"dispatch {__version__}\n")
+        parser.exit()
 
 
 # The type of add_subparsers()'s result; only subscriptable for the type checker on 3.11.
@@ -61,7 +149,11 @@ def add_group(
 ) -> Parser:
     """Add a subcommand group that takes the global options (help from :data:`GROUPS`)."""
     text = help or GROUPS[name]
-    return subparsers.add_parser(name, help=text, description=description or text, parents=[common])
+    parser = subparsers.add_parser(
+        name, help=text, description=description or text, parents=[common]
+    )
+    parser.set_defaults(group=name)
+    return parser
 
 
 def add_subgroups(parser: Parser, dest: str) -> Subparsers:

@@ -48,7 +48,7 @@ from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cluster.rescue import Rescuer
 from dispatcher.cluster.settings import SKEW_REFUSE, SKEW_WARN, ClusterSettings
 from dispatcher.cluster.url import redact
-from dispatcher.gateway.statusfile import write_document
+from dispatcher.gateway.statusfile import write_json
 from registry.abc import OwnerKind, Registry
 from scope.foundation.clock import Clock
 from scope.foundation.errors import DispatchError, NotFoundError
@@ -445,7 +445,7 @@ class HostLoop:
 
     def _write_status(self) -> None:
         try:
-            write_document(self.state_dir, STATUS_NAME, asdict(self.status()))
+            write_json(Path(self.state_dir) / STATUS_NAME, asdict(self.status()))
         except OSError as err:
             log.error("cannot write %s: %s", STATUS_NAME, err)
 

@@ -19,6 +19,7 @@ from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import job_active, plan_job
 from dispatcher.cron.zones import host_zone_name
 from dispatcher.gateway.lock import read_holder
+from dispatcher.gateway.reload import read_reload
 from dispatcher.gateway.statusfile import read_status
 from dispatcher.kanban.store import SqlDatabase
 from scope.abc import CallerKind
@@ -43,6 +44,8 @@ def status_document(
         serve.update(pid=holder.pid, started_at=holder.started_at, uptime=now - holder.started_at)
         if served is not None:
             serve["updated_at"] = served.updated_at
+        reload = read_reload(state_dir, holder.pid)
+        serve["last_reload"] = reload.to_dict() if reload is not None else None
     placement = dict(served.placement) if served else _placement_here(runtime)
 
     sessions = runtime.registry.list_sessions()

@@ -39,9 +39,12 @@ from dispatcher.app.wake import WakeSocket
 from dispatcher.config import load_config
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.waker import CronWaker
+from dispatcher.cron.zones import host_zone_name
 from dispatcher.gateway.lock import ServeLock
 from dispatcher.gateway.member import Alone, open_gateway_state
 from dispatcher.gateway.notify import Notifier
+from dispatcher.gateway.recent import RecentErrors
+from dispatcher.gateway.reload import ReloadRecord, write_reload
 from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.store import SqlBoardStore
@@ -64,25 +67,7 @@ BOARD_POLL = 0.25
 """Seconds between board-version checks (pokes usually wake the gateway sooner)."""
 STATUS_INTERVAL = 5.0
 """Seconds between refreshes of the status file and the STATUS= line."""
-
-
-class _RecentErrors(logging.Handler):
-    """Keeps the last warnings and errors for ``dispatch status``."""
-
-    def __init__(self, clock: Clock, size: int = 20) -> None:
-        super().__init__(level=logging.WARNING)
-        self.clock = clock
-        self.items: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.items.append(
-            {
-                "at": self.clock.time(),
-                "level": record.levelname.lower(),
-                "source": record.name.removeprefix("dispatch."),
-                "message": record.getMessage(),
-            }
-        )
+REJECTED = "reload rejected, keeping the old config:"
 
 
 class Gateway:
@@ -103,7 +88,7 @@ class Gateway:
         self.config_path = config_path
         self.clock: Clock = clock or SystemClock()
         self.notifier = Notifier(self.environ)
-        self.errors = _RecentErrors(self.clock)
+        self.errors = RecentErrors(self.clock)
         self._finished: queue.SimpleQueue[Session] = queue.SimpleQueue()
         self._stop = False
         self._reload = False
@@ -122,6 +107,7 @@ class Gateway:
         self._next_safety = self._next_status = self._next_poll = 0.0
         self._next_watchdog: float | None = None
         self._state_problem: str | None = None
+        self._reloads = 0
 
     # -- signals and wake-ups ----------------------------------------------------------------
 
@@ -448,10 +434,12 @@ class Gateway:
 
     def _do_reload(self) -> None:
         self.notifier.reloading()
+        started = self.clock.time()
         try:
             loaded = load_config(self.config_path)
         except DispatchError as err:
-            log.error("reload rejected, keeping the old config: %s", err)
+            log.error("%s %s", REJECTED, err)
+            self._record_reload(started, error=err.message)
             self.notifier.ready(self._refresh_status())
             return
         new = loaded.settings
@@ -470,7 +458,28 @@ class Gateway:
         self._cron.reload(new.cron)
         self._kanban = self._make_kanban(new)
         log.info("reloaded %s", loaded.source)
+        self._record_reload(started, error=None)
         self.notifier.ready(self._refresh_status())
+
+    def _record_reload(self, started: float, *, error: str | None) -> None:
+        """Write the reload's verdict for ``dispatch reload`` (ExecReload=) and ``status``; a
+        reload that worked retires the "reload rejected" entries of the recent errors."""
+        self._reloads += 1
+        if error is None:
+            self.errors.forget(REJECTED)
+        record = ReloadRecord(
+            pid=os.getpid(),
+            generation=self._reloads,
+            started_at=started,
+            finished_at=self.clock.time(),
+            ok=error is None,
+            source=str(self.config_path) if self.config_path else "built-in defaults",
+            error=error,
+        )
+        try:
+            write_reload(self.state_dir, record)
+        except OSError as err:
+            log.error("cannot write the reload verdict: %s", err)
 
     def shutdown(self) -> None:
         """Stop cron, close finished runs, warn about degraded workers, write the final status
@@ -564,6 +573,7 @@ class Gateway:
                     workers=counts["workers"],
                     kanban_ticks=self._ticks,
                     recent_errors=list(self.errors.items),
+                    host_zone=host_zone_name(self.environ),
                 ),
             )
         except OSError as err:
