@@ -3,11 +3,15 @@
 :class:`CronWaker` owns the two threads cron needs in a long-running process and nothing else;
 every decision stays in :meth:`CronScheduler.step <dispatcher.cron.scheduler.CronScheduler.step>`.
 
-- **Wake-ups**: an APScheduler 3 ``BackgroundScheduler`` holds a single one-shot date job at the
-  deadline the last step returned. It has no misfire grace limit: APScheduler's default of 1 s
-  would drop a late wake-up, and lateness is judged by the scheduler (``cron.on_time_grace``).
-  A step that finds itself due again at once (a worker finished meanwhile) steps again on the
-  same thread rather than arming a job APScheduler could refuse as a concurrent instance.
+- **Wake-ups**: an APScheduler 3 ``BackgroundScheduler`` gets a one-shot date job at the
+  deadline the last step returned, and another whenever an earlier wake is asked for. Each job
+  has its own id and is never removed or replaced by us: APScheduler removes a date job itself
+  once it ran, and a job replaced or removed under it at that moment is lost (a wake-up gone)
+  or raises in its scheduler thread (every later wake-up gone). A job armed for a later time
+  than a newer one simply fires into a step with nothing to do. No misfire grace limit:
+  APScheduler's default of 1 s would drop a late wake-up, and lateness is judged by the
+  scheduler (``cron.on_time_grace``). One step runs at a time: a wake that arrives while a step
+  runs is folded into it, and a step that finds itself due again at once steps again.
 - **Early wakes**: the scheduler asks for one when a worker finishes or the settings change, so
   a queued fire or a fire waiting for a concurrency slot starts without delay.
 - **Spawn pool**: workers start (and replaced ones are stopped) on a small thread pool handed to
@@ -36,7 +40,7 @@ __all__ = ["CronWaker"]
 
 log = logging.getLogger("dispatch.cron")
 
-_WAKE_JOB_ID = "dispatch-cron-wake"
+_WAKE_JOB_PREFIX = "dispatch-cron-wake-"
 
 
 class CronWaker:
@@ -53,6 +57,8 @@ class CronWaker:
         self._wake_real: float | None = None
         self._stepping = False
         self._rewake: float | None = None
+        self._armed = 0
+        """Wake jobs armed so far (each gets the next number as its id)."""
 
     @property
     def running(self) -> bool:
@@ -62,7 +68,9 @@ class CronWaker:
     @property
     def next_wake(self) -> float | None:
         """The clock time of the armed wake-up (None: none armed, or a step is running)."""
-        return self._wake_at
+        with self._lock:
+            pending = self._wake_real is not None and self._wake_real > time.time()
+            return self._wake_at if pending and not self._stepping else None
 
     def start(self) -> None:
         """Catch up (:meth:`CronScheduler.catch_up`), then wake the scheduler whenever it is
@@ -81,7 +89,7 @@ class CronWaker:
                 return
             self._aps = BackgroundScheduler(
                 timezone=dt.UTC,
-                job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 3},
+                job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 1},
             )
             self._aps.start()
         self.scheduler.on_wake_request(self.request)
@@ -122,33 +130,39 @@ class CronWaker:
                 self._rewake = at if self._rewake is None else min(self._rewake, at)
                 return
             real = self._real_time(at)
-            if (
-                self._wake_real is not None
-                and self._wake_real <= real
-                and self._aps.get_job(_WAKE_JOB_ID) is not None
-            ):
-                return
+            if self._armed_before(real):
+                return  # the armed wake comes first
             self._arm(at, real)
+
+    def _armed_before(self, real: float) -> bool:
+        """Whether a wake is armed, still to come, and not later than ``real`` (the caller
+        holds ``_lock``). A wake whose time has passed has fired or is firing."""
+        wake = self._wake_real
+        return wake is not None and time.time() < wake <= real
 
     def _real_time(self, at: float) -> float:
         return time.time() + (at - self.clock.time())
 
     def _arm(self, at: float, real: float) -> None:
-        """Schedule the one wake-up job (the caller holds ``_lock``)."""
+        """Schedule a wake-up job (the caller holds ``_lock``; see the module docstring)."""
         self._wake_at, self._wake_real = at, real
+        self._armed += 1
         # Round up to the microsecond so the wake never lands just before the instant.
         run_date = dt.datetime.fromtimestamp(math.ceil(real * 1e6) / 1e6, dt.UTC)
         self._aps.add_job(
             self._on_wake,
             trigger="date",
             run_date=run_date,
-            id=_WAKE_JOB_ID,
-            replace_existing=True,
+            id=f"{_WAKE_JOB_PREFIX}{self._armed}",
         )
 
     def _on_wake(self) -> None:
         with self._lock:
-            self._wake_at = self._wake_real = None
+            if self._stepping:
+                # Another wake is stepping now: it steps once more when it ends.
+                now = self.clock.time()
+                self._rewake = now if self._rewake is None else min(self._rewake, now)
+                return
             self._stepping = True
         while True:
             try:
@@ -167,6 +181,7 @@ class CronWaker:
                 if at <= self.clock.time() and self._aps is not None:
                     continue
                 self._stepping = False
-                if self._aps is not None and (self._wake_at is None or at < self._wake_at):
-                    self._arm(at, self._real_time(at))
+                real = self._real_time(at)
+                if self._aps is not None and not self._armed_before(real):
+                    self._arm(at, real)
                 return
