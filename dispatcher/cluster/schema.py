@@ -64,7 +64,6 @@ CREATE TABLE kanban_runs (
     infrastructure integer NOT NULL DEFAULT 0,
     claimer_pid integer,
     claimer_start bigint,
-    claimer_boot text,
     host_id text,
     epoch bigint
 );
@@ -157,6 +156,7 @@ CREATE INDEX cron_fires_host_open ON cron_fires (host_id) WHERE status != 'done'
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
+    (3, "the claimant's boot id", "ALTER TABLE kanban_runs ADD COLUMN claimer_boot text;"),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 
