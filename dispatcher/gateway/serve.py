@@ -24,7 +24,6 @@ import contextlib
 import logging
 import os
 import queue
-import resource
 import select
 import signal
 import threading
@@ -40,6 +39,7 @@ from dispatcher.config import load_config
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import host_zone_name
+from dispatcher.gateway.limits import raise_fd_limit
 from dispatcher.gateway.lock import ServeLock
 from dispatcher.gateway.member import Alone, open_gateway_state
 from dispatcher.gateway.notify import Notifier
@@ -179,7 +179,7 @@ class Gateway:
         """Serve until asked to stop; returns the exit status (0, 1 or 75)."""
         lock = ServeLock(self.state_dir)
         lock.acquire()
-        _raise_fd_limit()
+        raise_fd_limit()
         logging.getLogger("dispatch").addHandler(self.errors)
         previous = self._install_signals()
         wake: WakeSocket | None = None
@@ -587,15 +587,3 @@ class Gateway:
         )
         note = self._member.note()
         return line if note is None else f"{note}; {line}"
-
-
-def _raise_fd_limit() -> None:
-    """Lift the soft open-files limit to the hard one: every followed worker costs the gateway
-    a few descriptors, and systemd's default soft limit (1024) is reached near 500 workers."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = hard if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-        except (ValueError, OSError) as err:
-            log.warning("cannot raise the open-files limit from %d: %s", soft, err)
