@@ -14,7 +14,9 @@ it. What it does, in order:
    with state ``failed_start`` and the reason;
 4. appends every output byte to ``output.log`` (head kept up to the cap, the rest counted and
    dropped behind one marker line; bytes lost to a full disk are counted and marked when the
-   disk accepts writes again);
+   disk accepts writes again), and notes in ``output.times`` when output arrived: a line
+   ``OFFSET SECONDS`` (log offset, wall time) before new output, at most every
+   :data:`TIME_STEP` seconds, so ``dispatch logs --since/--timestamps`` can place lines in time;
 5. forwards SIGTERM/SIGINT/SIGHUP to the worker's group and enforces the session timeout itself
    (SIGTERM, grace, SIGKILL; inside its own scope also every other pid of its cgroup);
 6. writes ``exit.json`` (temp + fsync + rename, space reserved at start so a full disk cannot
@@ -58,6 +60,8 @@ RESERVE = 4096
 """Bytes reserved for the exit record at start (overwritten in place at the end)."""
 STDIN_BUFFER_MAX = 1024 * 1024
 DISK_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+TIME_STEP = 0.05
+"""Seconds between two entries of ``output.times`` (output in between shares the earlier one)."""
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 _ALIASES = {"SIGIOT", "SIGCLD", "SIGPOLL"}
 
@@ -460,6 +464,7 @@ class Keeper:
         self.drain = float(spec.get("drain_time", 5.0))
         self.dir = str(spec["dir"])
         self.log_path = f"{self.dir}/output.log"
+        self.times_path = f"{self.dir}/output.times"
         self.exit_path = f"{self.dir}/exit.json"
         self.info_path = f"{self.dir}/keeper.json"
         self.fifo_path = f"{self.dir}/stdin"
@@ -486,6 +491,9 @@ class Keeper:
         # Descriptors.
         self.log_fd = -1
         self.log_pos = 0
+        self.times_fd = -1
+        self.timed_pos = -1
+        self.timed_at = 0.0
         self.splice = False
         self.out_fd = -1
         self.fifo_fd = -1
@@ -517,6 +525,12 @@ class Keeper:
         # and keep the position ourselves.
         self.log_fd = posix.open(self.log_path, posix.O_WRONLY | posix.O_CREAT, 0o600)
         self.log_pos = self.stored = posix.fstat(self.log_fd).st_size
+        try:
+            self.times_fd = posix.open(
+                self.times_path, posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o600
+            )
+        except OSError:
+            self.times_fd = -1  # times are a convenience; the log does not depend on them
         # The worker may fill the disk at once: both records get their space now.
         self.reserve_fd = reserve(f"{self.exit_path}.tmp", RESERVE)
         self.info_fd = reserve(f"{self.info_path}.tmp", RESERVE)
@@ -703,9 +717,22 @@ class Keeper:
             except OSError:
                 pass
 
+    def note_time(self) -> None:
+        """Note in ``output.times`` that output starting at the log's end arrives now (at most
+        every :data:`TIME_STEP` seconds; a full disk only costs the note)."""
+        now = time.time()
+        if self.times_fd < 0 or self.log_pos == self.timed_pos or now - self.timed_at < TIME_STEP:
+            return
+        try:
+            posix.write(self.times_fd, f"{self.log_pos} {now:.3f}\n".encode())
+        except OSError:
+            return
+        self.timed_pos, self.timed_at = self.log_pos, now
+
     def read_output(self, limit: int = 1 << 62) -> bool:
         """Capture what is available (up to ``limit`` bytes); False once the output hit EOF."""
         got = 0
+        self.note_time()
         while got < limit:
             if self.splice and self.cap > self.stored and not self.disk_lost > self.disk_marked:
                 moved = self._splice(min(SPLICE_CHUNK, self.cap - self.stored))

@@ -215,3 +215,43 @@ def test_run_env_sets_the_workers_environment_and_checks_names(env: dict[str, st
         refused = dispatch(env, "run", "--env", bad, "--", "true")
         assert refused.returncode == 2, (bad, refused.stderr)
         assert len(refused.stderr.splitlines()) == 1 and b"--env" in refused.stderr
+
+
+def test_logs_since_and_timestamps_use_the_keepers_output_times(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    import datetime as dt
+    import time
+
+    gate = tmp_path / "gate"
+    script = (
+        f"echo one; printf 'half'; while [ ! -e {gate} ]; do sleep 0.02; done; "
+        "echo ' line'; echo two"
+    )
+    started = dispatch(env, "run", "--", "sh", "-c", script)
+    session_id = started.stdout.decode().strip()
+    state = Path(env["DISPATCH_STATE_DIR"])
+    log = state / "sessions" / session_id / "output.log"
+    wait_for(lambda: log.exists() and b"half" in log.read_bytes(), 10, what="first output")
+    noted = log.with_name("output.times")
+    first = float(noted.read_text().splitlines()[-1].split()[1])
+    # The keeper notes a time at most every 50 ms: let the clock pass that step (bounded).
+    wait_for(lambda: time.time() > first + 0.1, 5, what="the clock past the first note")
+    moment = time.time()
+    gate.touch()
+    assert dispatch(env, "wait", session_id, "--timeout", "20").returncode == 0
+
+    since = dt.datetime.fromtimestamp(moment).astimezone().isoformat()
+    selected = dispatch(env, "logs", session_id, "--since", since)
+    assert selected.returncode == 0, selected.stderr
+    # "half line" began before the moment, so only the line that began after it is shown.
+    assert selected.stdout == b"two\n"
+    assert dispatch(env, "logs", session_id, "--since", "1h").stdout == log.read_bytes()
+
+    stamped = dispatch(env, "logs", session_id, "--timestamps").stdout.decode().splitlines()
+    assert [line.split(" ", 1)[1] for line in stamped] == ["one", "half line", "two"]
+    times = [dt.datetime.fromisoformat(line.split(" ", 1)[0]).timestamp() for line in stamped]
+    # A line's time is that of the note before its first byte (notes come 50 ms apart at most).
+    assert times[0] <= times[1] <= first + 0.001 < moment <= times[2] + 0.001
+    bad = dispatch(env, "logs", session_id, "--since", "yesterday")
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1

@@ -9,6 +9,7 @@ secret split across two reads.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import sys
@@ -18,11 +19,15 @@ from typing import BinaryIO
 
 from dispatcher.app.runtime import Runtime, runtime_from_context
 from dispatcher.cli.context import Context
+from dispatcher.cli.options import since_arg
 from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import exit_status
+from dispatcher.errors import DispatcherError
+from dispatcher.timefmt import viewer_zone
 from registry.abc import Registry, Session, SessionState
 from registry.hooks import OutputHooks
+from registry.logtimes import LogTimes, Stamper
 from registry.output import LogReader
 from scope.foundation.errors import UsageError
 
@@ -50,6 +55,18 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         "128+N for signal N); with --json one JSON object per line",
     )
     parser.add_argument("--tail", metavar="N", type=int, help="only the last N lines")
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only lines whose output arrived since WHEN: a duration back from now (30m, 2h, "
+        "1d) or an ISO-8601 time (2026-11-30T09:00, local when it has no offset)",
+    )
+    parser.add_argument(
+        "--timestamps",
+        action="store_true",
+        help="start every line with the time its first byte arrived (ISO-8601, milliseconds, "
+        "the viewer's zone; the keeper notes times every 50 ms)",
+    )
     parser.add_argument(
         "--redact", action="store_true", help="apply the output hooks (mask secrets)"
     )
@@ -109,22 +126,26 @@ def stream(
     hooks: LineRedactor | None = None,
     timeout: float | None = None,
     sink: Callable[[bytes], object] | None = None,
+    stamp: Stamper | None = None,
 ) -> Session | None:
     """Print what the log gains from ``offset`` on until the session is final; returns it
-    (None when ``timeout`` elapsed first; the worker keeps running). With ``hooks`` the
-    output is redacted line by line; ``sink`` receives the bytes instead of stdout."""
+    (None when ``timeout`` elapsed first; the worker keeps running). ``stamp`` prefixes lines
+    with their times; with ``hooks`` the output is redacted line by line; ``sink`` receives
+    the bytes instead of stdout."""
     out = _Sink(sink) if sink is not None else binary_out(ctx)
     reader = LogReader(session.log_path, offset)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         data = reader.read_new(4 * 1024 * 1024)
         if data:
+            data = stamp(data) if stamp else data
             out.write(hooks(data) if hooks else data)
             out.flush()
             continue
         current = registry.get(session.id)
         if current.finished:
             rest = reader.read_new()
+            rest = stamp(rest) if stamp else rest
             if hooks is not None:
                 rest = hooks(rest) + hooks.finish()
             if rest:
@@ -198,10 +219,17 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         return 1
     # Everything up to this size is printed now; -f continues from exactly there.
     offset = LogReader(session.log_path).size()
-    if args.tail is not None:
-        data = tail_lines(registry, session.id, args.tail, offset)
-    else:
-        data = registry.read_log(session.id, byte_range=(0, offset))
+    times = LogTimes(session.log_path) if args.since or args.timestamps else None
+    data = _selected(args, ctx, registry, session, offset, times)
+    stamp = None
+    if args.timestamps and times is not None:
+        zone = viewer_zone(ctx.environ)
+        stamp = Stamper(
+            times,
+            offset - len(data),
+            fmt=lambda t: dt.datetime.fromtimestamp(t, zone).isoformat(timespec="milliseconds"),
+        )
+        data = stamp(data)
     redactor = None
     if args.redact:
         redactor = LineRedactor(runtime.registry.hooks, session)
@@ -219,15 +247,47 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         )
         return 0
     if ctx.json:
-        return _follow_json(ctx, registry, session, data, offset, redactor)
+        return _follow_json(ctx, registry, session, data, offset, redactor, stamp)
     out = binary_out(ctx)
     out.write(data)
     out.flush()
     if not args.follow:
         return 0
-    final = stream(ctx, registry, session, offset, hooks=redactor)
+    final = stream(ctx, registry, session, offset, hooks=redactor, stamp=stamp)
     # Like `run --follow` and `wait`: the worker's result is the exit status.
     return exit_status(final) if final is not None else 0
+
+
+def _selected(
+    args: argparse.Namespace,
+    ctx: Context,
+    registry: Registry,
+    session: Session,
+    end: int,
+    times: LogTimes | None,
+) -> bytes:
+    """The log's first ``end`` bytes as ``--since`` and ``--tail`` select them."""
+    if not args.since:
+        if args.tail is not None:
+            return tail_lines(registry, session.id, args.tail, end)
+        return registry.read_log(session.id, byte_range=(0, end))
+    assert times is not None
+    if not times.known:
+        raise DispatcherError(
+            f"session {session.id} has no output times (its keeper predates them): "
+            "--since cannot select its lines",
+            remedy="use --tail N, or look at the whole log",
+        )
+    start = times.offset_since(since_arg(args.since, ctx.times().now))
+    start = end if start is None else min(start, end)
+    data = registry.read_log(session.id, byte_range=(max(start - 1, 0), end))
+    if start > 0:
+        # Begin with the first line that starts at or after that offset.
+        newline = data.find(b"\n")
+        data = data[newline + 1 :] if newline >= 0 else b""
+    if args.tail is not None:
+        data = b"".join(data.splitlines(keepends=True)[-args.tail :]) if args.tail else b""
+    return data
 
 
 def _follow_json(
@@ -237,6 +297,7 @@ def _follow_json(
     data: bytes,
     offset: int,
     redactor: LineRedactor | None,
+    stamp: Stamper | None,
 ) -> int:
     """``-f --json``: JSON Lines, one ``{"id", "offset", "output"}`` object per chunk as it
     arrives, then the finished session (its ``ps --json`` shape) as the last line."""
@@ -251,7 +312,7 @@ def _follow_json(
             position += len(raw)
 
     chunk(data)
-    final = stream(ctx, registry, session, offset, hooks=redactor, sink=chunk)
+    final = stream(ctx, registry, session, offset, hooks=redactor, sink=chunk, stamp=stamp)
     assert final is not None
     ctx.stdout.write(json.dumps(session_json(final)) + "\n")
     ctx.stdout.flush()
