@@ -33,6 +33,7 @@ from dispatcher.kanban.model import (
     Limits,
     NewCard,
     Run,
+    RunOutcome,
     RunResult,
 )
 
@@ -122,6 +123,15 @@ class BoardStore(abc.ABC):
     @abc.abstractmethod
     def events_of(self, card_id: str) -> list[Event]:
         """The card's events in order."""
+
+    @abc.abstractmethod
+    def events_after(self, seq: int, *, limit: int = 500) -> list[Event]:
+        """Board-wide events with a sequence number above ``seq``, in order, at most ``limit``
+        (readers follow the board by asking again from the last one they saw)."""
+
+    @abc.abstractmethod
+    def last_event_seq(self) -> int:
+        """The sequence number of the newest event (0 on an empty board)."""
 
     @abc.abstractmethod
     def append_event(
@@ -234,3 +244,7 @@ class BoardStore(abc.ABC):
     @abc.abstractmethod
     def status_counts(self) -> dict[CardStatus, int]:
         """How many cards are in each status."""
+
+    @abc.abstractmethod
+    def outcome_counts(self) -> dict[tuple[RunOutcome, bool], int]:
+        """How many closed runs ended with each (outcome, infrastructure flag)."""

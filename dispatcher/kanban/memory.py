@@ -27,6 +27,7 @@ from dispatcher.kanban.model import (
     Limits,
     NewCard,
     Run,
+    RunOutcome,
     RunResult,
     move_fields,
 )
@@ -203,6 +204,15 @@ class MemoryBoardStore(BoardStore):
     def events_of(self, card_id: str) -> list[Event]:
         with self._lock:
             return [e for e in self._events if e.card_id == card_id]
+
+    def events_after(self, seq: int, *, limit: int = 500) -> list[Event]:
+        with self._lock:
+            # Sequence numbers are list positions + 1.
+            return self._events[max(seq, 0) : max(seq, 0) + max(limit, 0)]
+
+    def last_event_seq(self) -> int:
+        with self._lock:
+            return len(self._events)
 
     def append_event(
         self,
@@ -429,6 +439,15 @@ class MemoryBoardStore(BoardStore):
         with self._lock:
             for card in self._cards.values():
                 counts[card.status] += 1
+        return counts
+
+    def outcome_counts(self) -> dict[tuple[RunOutcome, bool], int]:
+        counts: dict[tuple[RunOutcome, bool], int] = {}
+        with self._lock:
+            for run in self._runs.values():
+                if run.outcome is not None:
+                    key = (run.outcome, run.infrastructure)
+                    counts[key] = counts.get(key, 0) + 1
         return counts
 
 

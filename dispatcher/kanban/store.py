@@ -30,6 +30,7 @@ from dispatcher.kanban.model import (
     Limits,
     NewCard,
     Run,
+    RunOutcome,
     RunResult,
     move_fields,
 )
@@ -344,17 +345,21 @@ class SqlBoardStore(BoardStore):
                 " WHERE card_id = ? ORDER BY seq",
                 (card_id,),
             ).fetchall()
-        return [
-            Event(
-                seq=row["seq"],
-                card_id=row["card_id"],
-                run_id=row["run_id"],
-                kind=row["kind"],
-                at=row["at"],
-                data=json.loads(row["data"]),
-            )
-            for row in rows
-        ]
+        return [_event_of(row) for row in rows]
+
+    def events_after(self, seq: int, *, limit: int = 500) -> list[Event]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT seq, card_id, run_id, kind, at, data FROM kanban_events"
+                " WHERE seq > ? ORDER BY seq LIMIT ?",
+                (seq, limit),
+            ).fetchall()
+        return [_event_of(row) for row in rows]
+
+    def last_event_seq(self) -> int:
+        with self.db.read() as conn:
+            row = conn.execute("SELECT max(seq) FROM kanban_events").fetchone()
+        return int(row[0] or 0)
 
     def append_event(
         self,
@@ -651,6 +656,25 @@ class SqlBoardStore(BoardStore):
         for row in rows:
             counts[CardStatus(row[0])] = int(row[1])
         return counts
+
+    def outcome_counts(self) -> dict[tuple[RunOutcome, bool], int]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT outcome, infrastructure, COUNT(*) FROM kanban_runs"
+                " WHERE outcome IS NOT NULL GROUP BY outcome, infrastructure"
+            ).fetchall()
+        return {(RunOutcome(row[0]), bool(row[1])): int(row[2]) for row in rows}
+
+
+def _event_of(row: Any) -> Event:
+    return Event(
+        seq=row["seq"],
+        card_id=row["card_id"],
+        run_id=row["run_id"],
+        kind=row["kind"],
+        at=row["at"],
+        data=json.loads(row["data"]),
+    )
 
 
 class SqliteBoardStore(SqlBoardStore):

@@ -337,3 +337,41 @@ def test_a_done_parent_that_was_archived_still_counts(store: BoardStore) -> None
     store.archive(parent, now=NOW)
     child = add(store, "child", parents=(parent,))
     assert store.get_card(child).status is CardStatus.READY
+
+
+def test_events_after_follows_the_whole_board_in_order(store: BoardStore) -> None:
+    assert store.last_event_seq() == 0 and store.events_after(0) == []
+    first, second = add(store, "one"), add(store, "two")
+    store.edit_card(first, CardEdit(title="one!"), now=NOW + 1)
+    events = store.events_after(0)
+    assert [(e.card_id, e.kind) for e in events] == [
+        (first, "created"),
+        (second, "created"),
+        (first, "edited"),
+    ]
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    assert store.last_event_seq() == seqs[-1]
+    assert [e.seq for e in store.events_after(seqs[0])] == seqs[1:]
+    assert [e.seq for e in store.events_after(seqs[0], limit=1)] == seqs[1:2]
+    assert store.events_after(seqs[-1]) == []
+
+
+def test_outcome_counts_count_closed_runs_by_outcome_and_class(store: BoardStore) -> None:
+    assert store.outcome_counts() == {}
+    back = CardChange(fields={"status": CardStatus.READY})
+    card_id = add(store)
+    results = [
+        RunResult(outcome=RunOutcome.SPAWN_REFUSED, infrastructure=True),
+        RunResult(outcome=RunOutcome.FAILED, exit_code=1),
+        RunResult(outcome=RunOutcome.FAILED, exit_code=2),
+    ]
+    for index, result in enumerate(results):
+        run = store.claim(card_id, now=NOW + index, claimer=ME, limits=WIDE).run
+        assert run is not None
+        store.close_run(run.run_id, result, lambda c, r: back, now=NOW + index)
+    store.claim(card_id, now=NOW + 9, claimer=ME, limits=WIDE)  # open: not counted
+    assert store.outcome_counts() == {
+        (RunOutcome.SPAWN_REFUSED, True): 1,
+        (RunOutcome.FAILED, False): 2,
+    }
