@@ -15,23 +15,25 @@ import datetime as dt
 import signal
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from dispatcher.app.cronjobs import CronJobs
 from dispatcher.app.database import open_state
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.cron.crontab import parse as parse_crontab
-from dispatcher.cron.launcher import FireRunner, claimant_token
-from dispatcher.cron.ledger import FireRecord, Ledger, Outcome, Status
-from dispatcher.cron.plan import JobPlan, job_active, plan_job
-from dispatcher.cron.report import iso_in, job_entry, policies, row_entry, schedule_text
+from dispatcher.cron.ledger import FireRecord, Ledger, Outcome
+from dispatcher.cron.plan import JobPlan
+from dispatcher.cron.report import iso_in, policies, row_entry, schedule_text
 from dispatcher.cron.timeline import CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
-from dispatcher.envfile import read_env_file
-from dispatcher.errors import EnvFileError
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
-from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.errors import UsageError
 from scope.foundation.schema import format_duration
+
+if TYPE_CHECKING:
+    from dispatcher.app.runtime import Runtime
 
 MAX_COUNT = 1000
 
@@ -85,52 +87,19 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _plans(ctx: Context) -> dict[str, JobPlan]:
-    host = host_zone_name(ctx.environ)
-    return {job.id: plan_job(job, host) for job in ctx.settings.cron.jobs}
+def _jobs(ctx: Context) -> CronJobs:
+    def ledger() -> Ledger:
+        db = open_state(ctx.state_dir)
+        ctx.on_close(db)
+        return Ledger(db)
+
+    return CronJobs(ctx.settings, ledger, environ=ctx.environ, state_dir=ctx.state_dir)
 
 
-def _plan(ctx: Context, job_id: str) -> JobPlan:
-    plans = _plans(ctx)
-    if job_id not in plans:
-        known = ", ".join(sorted(plans)) or "none configured"
-        raise NotFoundError("cron job", job_id, remedy=f"known jobs: {known}")
-    return plans[job_id]
-
-
-def _ledger(ctx: Context) -> Ledger:
-    db = open_state(ctx.state_dir)
-    ctx.on_close(db)
-    return Ledger(db)
-
-
-def _settle_open(ctx: Context, ledger: Ledger) -> None:
-    """Record outcomes of fires whose worker ended while no scheduler was watching (a
-    ``cron run`` without ``--wait``, a scheduler that is down)."""
-    if not ledger.open_rows((Status.RUNNING, Status.CLAIMED, Status.SPAWNING)):
-        return
+def _runtime(ctx: Context) -> Runtime:
     from dispatcher.app.runtime import runtime_from_context
 
-    runtime = runtime_from_context(ctx, caller_kind=CallerKind.CRON)
-    runner = FireRunner(
-        ledger,
-        runtime.registry,
-        environ=ctx.environ,
-        state_dir=ctx.state_dir,
-        claimant=claimant_token(),
-        clock=SystemClock().time,
-    )
-    runner.reconcile({job.id: job for job in ctx.settings.cron.jobs})
-
-
-def _env_warnings(plan: JobPlan) -> list[str]:
-    if not plan.job.env_file:
-        return []
-    try:
-        read_env_file(plan.job.env_file)
-    except EnvFileError as err:
-        return [err.message]
-    return []
+    return runtime_from_context(ctx, caller_kind=CallerKind.CRON)
 
 
 # -- list ------------------------------------------------------------------------------------
@@ -138,43 +107,33 @@ def _env_warnings(plan: JobPlan) -> list[str]:
 
 def handle_list(args: argparse.Namespace, ctx: Context) -> int:
     """``dispatch cron list``."""
-    plans = _plans(ctx)
-    ledger = _ledger(ctx)
-    _settle_open(ctx, ledger)
-    states = ledger.job_states()
-    last = ledger.last_rows()
-    now = SystemClock().time()
-    entries = []
-    for plan in plans.values():
-        state = states.get(plan.job.id)
-        upcoming = None
-        if job_active(plan.job, state):
-            found = plan.schedule.next_instants(now, 1)
-            upcoming = found[0] if found else None
-        warnings = _env_warnings(plan)
-        for warning in warnings:
-            ctx.warn(f"cron job {plan.job.id!r}: {warning}")
-        entries.append(job_entry(plan, state, upcoming, last.get(plan.job.id), warnings))
+    jobs = _jobs(ctx)
+    jobs.settle_open(lambda: _runtime(ctx))
+    views = jobs.views(SystemClock().time())
+    for view in views:
+        for warning in view.warnings:
+            ctx.warn(f"cron job {view.plan.job.id!r}: {warning}")
     if ctx.json:
-        ctx.emit_json(entries)
+        ctx.emit_json([view.entry for view in views])
         return 0
-    if not entries:
+    if not views:
         ctx.out("no cron jobs configured")
         return 0
     rows = [("ID", "SCHEDULE", "TIMEZONE", "STATE", "NEXT FIRE", "LAST", "POLICIES")]
-    for entry, plan in zip(entries, plans.values(), strict=True):
+    for view in views:
+        entry = view.entry
         state_text = "active" if entry["active"] else "disabled"
         if entry["paused"]:
             state_text = "paused"
         rows.append(
             (
                 entry["id"],
-                schedule_text(plan),
+                schedule_text(view.plan),
                 entry["timezone"],
                 state_text,
                 entry["next_fire"] or "-",
                 entry["last_outcome"] or "-",
-                _policy_text(plan),
+                _policy_text(view.plan),
             )
         )
     _table(ctx, rows)
@@ -217,7 +176,7 @@ def handle_next(args: argparse.Namespace, ctx: Context) -> int:
     else:
         if args.tz is not None:
             raise UsageError("--tz applies to --expr only; a job uses its own timezone")
-        plan = _plan(ctx, args.job_id)
+        plan = _jobs(ctx).plan(args.job_id)
         schedule, zone_name = plan.schedule, plan.zone
     start = _parse_from(args.start, zone_name) if args.start else SystemClock().time()
     instants = schedule.next_instants(start, args.count)
@@ -257,8 +216,7 @@ def handle_resume(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
-    _plan(ctx, args.job_id)
-    changed = _ledger(ctx).set_paused(args.job_id, paused, SystemClock().time())
+    changed = _jobs(ctx).set_paused(args.job_id, paused, SystemClock().time())
     if ctx.json:
         ctx.emit_json({"id": args.job_id, "paused": paused, "changed": changed})
         return 0
@@ -274,13 +232,11 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
     """``dispatch cron history``."""
     if args.limit < 1:
         raise UsageError(f"--limit must be at least 1, got {args.limit}")
-    ledger = _ledger(ctx)
+    jobs = _jobs(ctx)
     if args.job_id is not None:
-        configured = {job.id for job in ctx.settings.cron.jobs}
-        if args.job_id not in configured and not ledger.known_job(args.job_id):
-            raise NotFoundError("cron job", args.job_id, remedy="see 'dispatch cron list'")
-    _settle_open(ctx, ledger)
-    rows = ledger.history(args.job_id, args.limit)
+        jobs.check_known(args.job_id)
+    jobs.settle_open(lambda: _runtime(ctx))
+    rows = jobs.ledger.history(args.job_id, args.limit)
     if ctx.json:
         ctx.emit_json([row_entry(row) for row in rows])
         return 0
@@ -313,18 +269,12 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
 
 def handle_run(args: argparse.Namespace, ctx: Context) -> int:
     """``dispatch cron run JOB_ID [--wait]``."""
-    _plan(ctx, args.job_id)
+    jobs = _jobs(ctx)
+    jobs.plan(args.job_id)
     from dispatcher.app.runtime import runtime_from_context
-    from dispatcher.cron.scheduler import CronScheduler
 
     runtime = runtime_from_context(ctx, caller_kind=CallerKind.CRON, follow=True)
-    scheduler = CronScheduler(
-        ctx.settings.cron,
-        runtime.registry,
-        runtime.db,
-        environ=ctx.environ,
-        state_dir=ctx.state_dir,
-    )
+    scheduler = jobs.scheduler(runtime)
     record = scheduler.run_now(args.job_id)
     if record.session_id is None:
         _report_run(ctx, record)

@@ -13,9 +13,8 @@ from typing import Any
 from dispatcher.app.runtime import policy_of
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.gateway.units import units_report
+from dispatcher.gateway.doctor import doctor_report
 from scope import open_scoper
-from scope.doctor import diagnose, healthy
 from scope.systemd import SystemdScoper
 
 EXIT_OK = 0
@@ -41,17 +40,12 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     scoper = open_scoper(settings.scope, policy_of(settings), environ=ctx.environ)
     ctx.on_close(scoper)
     assert isinstance(scoper, SystemdScoper)
-    report = diagnose(scoper)
-    ok = healthy(report)
-    report["units"] = units_report(
+    report, ok = doctor_report(
+        scoper,
         ctx.environ,
         degrade_without_scope=settings.kanban.degrade_without_scope,
-        extra=[Path(p) for p in args.unit],
+        extra_units=[Path(p) for p in args.unit],
     )
-    for unit in report["units"]:
-        for remedy in unit["remedies"]:
-            if remedy not in report["remedies"]:
-                report["remedies"].append(remedy)
     if ctx.json:
         ctx.emit_json(report)
     else:
