@@ -21,7 +21,7 @@ from typing import Any
 from dispatcher.web.errors import ListenRefused, PortInUse
 
 DEFAULT_LISTEN = "127.0.0.1:8470"
-GRACE = 1.0
+GRACE = 1
 """Seconds open live streams get to end when the server stops."""
 
 
