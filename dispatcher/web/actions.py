@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -27,6 +27,12 @@ from dispatcher.web.guard import check_post
 from dispatcher.web.pages import site_of
 from dispatcher.web.site import Site
 from registry.abc import SessionState
+from scope.foundation.errors import NotFoundError
+
+_FORM_NAMES = {"assignee": "assignee", "parent card": "parents"}
+"""Things a form names (an unknown one is a bad field, not a missing page)."""
+
+T = TypeVar("T")
 
 Question = Callable[[Form], str | None]
 """What to ask before acting (None: nothing to confirm)."""
@@ -54,19 +60,29 @@ async def _act(
     form = await read_form(request)
     check_post(request, site.keys, action, form.fields)
     if ask is not None and not form.confirmed:
-        question = await site.run(lambda: ask(form))
+        question = await site.run(lambda: _translated(lambda: ask(form)))
         if question is not None:
             return _confirm(site, request, question, form, default_next)
-
-    def run() -> str | None:
-        try:
-            return do(site, form)
-        except BadCard as err:
-            # A board validation error names a CLI option; the form knows it as a field.
-            raise FormError(form_field(err), str(err.fields["problem"])) from None
-
-    target = await site.run(run)
+    target = await site.run(lambda: _translated(lambda: do(site, form)))
     return RedirectResponse(safe_next(target or form.get("next"), default_next), status_code=303)
+
+
+def _translated(step: Callable[[], T]) -> T:
+    """``step()`` with the board's validation errors said in the form's terms."""
+    try:
+        return step()
+    except BadCard as err:
+        named = str(err.fields["field"])
+        if named in ("card id", "run id"):
+            # The id in the address cannot be one: as unknown as a missing card.
+            raise NotFoundError(named.split()[0], str(err.fields["value"])) from None
+        # A board validation error names a CLI option; the form knows it as a field.
+        raise FormError(form_field(err), str(err.fields["problem"])) from None
+    except NotFoundError as err:
+        field = _FORM_NAMES.get(str(err.fields.get("kind")))
+        if field is None:
+            raise  # an id in the address: 404
+        raise FormError(field, err.message) from None
 
 
 def _confirm(site: Site, request: Request, question: str, form: Form, back: str) -> Response:

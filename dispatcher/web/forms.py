@@ -62,13 +62,14 @@ class Form:
 async def read_form(request: Request) -> Form:
     """The request's form (400 for a body that is too large, not URL-encoded or not UTF-8)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind != "application/x-www-form-urlencoded":
-        raise FormError("(body)", "send the form as application/x-www-form-urlencoded")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise FormError("(body)", f"larger than {MAX_FORM_BYTES // 1024} KiB")
+    if kind != "application/x-www-form-urlencoded" and (body or kind):
+        # An empty POST (a script's button press) has no fields and needs no type.
+        raise FormError("(body)", "send the form as application/x-www-form-urlencoded")
     try:
         text = bytes(body).decode("utf-8")
         pairs = urllib.parse.parse_qsl(

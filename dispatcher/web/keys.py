@@ -16,6 +16,7 @@ old secret is refused as stale.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import os
@@ -57,7 +58,13 @@ def load_secret(state_dir: Path) -> str:
 
 
 def _read(path: Path) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        problem = "a symbolic link" if err.errno == errno.ELOOP else err.strerror or str(err)
+        raise SecretUnusable(str(path), problem, remedy=f"remove {path}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
