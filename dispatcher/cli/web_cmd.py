@@ -94,5 +94,6 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     else:
         ctx.out(f"dispatch web: sign in: {origin}/?token={secret}")
     ctx.stdout.flush()
-    started = serve(create_app(create_site(source, access)), sock)
+    site = create_site(source, access)
+    started = serve(create_app(site), sock, on_stop=site.hub.close)
     return 0 if started else 1

@@ -168,6 +168,8 @@ class _State:
     version: int = -1
     refreshed: float = 0.0
     problem: str | None = None
+    logged: str | None = None
+    logged_at: float = 0.0
     followers: set[LogFollower] = field(default_factory=set)
     watches: dict[str, Watch] = field(default_factory=dict)
 
@@ -318,8 +320,11 @@ class Hub:
 
     def _note(self, err: Exception) -> None:
         text = str(getattr(err, "message", None) or err) or type(err).__name__
-        if text != self._state.problem:
+        now = self.clock()
+        # Once per distinct problem and minute: a database that stays broken is not a log flood.
+        if text != self._state.logged or now - self._state.logged_at >= 60:
             _log.warning("dispatch web: cannot read the state: %s", text)
+            self._state.logged, self._state.logged_at = text, now
         self._state.problem = text
 
     def _look(self) -> bool:

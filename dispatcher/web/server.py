@@ -12,9 +12,10 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import signal
 import socket
 import sys
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,9 +129,20 @@ def bind(listen: Listen) -> socket.socket:
     return sock
 
 
-def serve(app: Any, sock: socket.socket) -> bool:
-    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM; False when it could not start."""
+def serve(
+    app: Any, sock: socket.socket, *, on_stop: Callable[[], Awaitable[None]] | None = None
+) -> bool:
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM; False when it could not start.
+
+    ``on_stop`` runs first when the server stops, before it waits for open connections: the
+    live streams end there, so a stop is quick and nothing has to be cancelled."""
     import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if on_stop is not None:
+                await on_stop()
+            await super().shutdown(sockets=sockets)
 
     _quiet_uvicorn()
     config = uvicorn.Config(
@@ -145,9 +157,20 @@ def serve(app: Any, sock: socket.socket) -> bool:
         server_header=False,
         timeout_graceful_shutdown=GRACE,
     )
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+    server = Server(config)
+    # uvicorn re-raises the stop signal once it has shut down, with the handlers it found in
+    # place: these make that a plain return, so a stop is exit 0 rather than death by signal.
+    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return bool(server.started)
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """The stop signal, re-raised by uvicorn after its shutdown: nothing more to do."""
 
 
 def _quiet_uvicorn() -> None:
