@@ -272,3 +272,13 @@ def test_the_umask_does_not_widen_the_secret(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / SECRET_NAME).stat().st_mode) == 0o600
+
+
+def test_an_unfinished_line_is_let_out_at_a_safe_place() -> None:
+    chunker = LogChunker()
+    assert chunker.feed("dots ... é".encode()[:-1]) == b""
+    assert chunker.flush_partial() == b"dots ... "  # not half of the é
+    assert chunker.feed("é".encode()[1:] + b" \x1b[3") == b""
+    assert chunker.flush_partial() == "é ".encode()  # not half of the escape
+    assert chunker.feed(b"1mred\n") == b"\x1b[31mred\n"
+    assert chunker.offset == len("dots ... é \x1b[31mred\n".encode())

@@ -39,6 +39,8 @@ from registry.abc import Session
 
 INTERVAL = 0.15
 """Seconds between two looks at the board (and the followed logs)."""
+PARTIAL_AFTER = 1.0
+"""A log line without its newline is shown after this many seconds all the same."""
 REFRESH_EVERY = 1.0
 """Without a gateway, how often finished runs are reconciled while someone watches."""
 KEEP = 512
@@ -94,6 +96,7 @@ class LogFollower:
         self._out: list[str] = []
         self._lock = threading.Lock()
         self._checked = 0.0
+        self._moved = clock()
 
     @property
     def offset(self) -> int:
@@ -105,14 +108,22 @@ class LogFollower:
         if self.ended:
             return False
         news = False
+        now = self._clock()
         data = _read_from(self.path, self._read)
         if data:
             self._read += len(data)
             ready = self._chunker.feed(data)
             if ready:
                 self._push(present(self.source, self.session, ready))
+                self._moved = now
                 news = True
-        now = self._clock()
+        if self._chunker.pending and now - self._moved >= PARTIAL_AFTER:
+            # An unfinished line (a prompt, progress dots) is shown rather than held forever.
+            partial = self._chunker.flush_partial()
+            self._moved = now
+            if partial:
+                self._push(present(self.source, self.session, partial))
+                news = True
         if not data and now - self._checked >= 1.0:
             self._checked = now
             session = self.source.registry().get(self.session_id)

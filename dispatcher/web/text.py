@@ -8,7 +8,8 @@ bar shows its last state). The templates then escape that text like any other, s
 worker prints can become markup, let alone script.
 
 :class:`LogChunker` cuts a growing log at line ends, so a chunk never splits a UTF-8 sequence,
-an escape sequence or a line a redaction pattern must see whole.
+an escape sequence or a line a redaction pattern must see whole; a line that stays unfinished
+(a prompt, a row of progress dots) is let out in pieces cut at a safe place.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ _ESCAPES = re.compile(
     r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"
     r"|\x1b[ -/]*[0-~]"
     r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
+)
+# A whole escape sequence from its ESC on (bytes): CSI, a string up to its terminator, or a
+# short escape. Used to tell whether a held-back line ends inside one.
+_WHOLE_ESCAPE = re.compile(
+    rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|[\]PX^_][^\x07\x1b\n]*(?:\x07|\x1b\\)"
+    rb"|[ -/]*[0-OQ-WYZ\\`-~])"
 )
 TAIL_BYTES = 64 * 1024
 """How much of a log a page shows when it opens (the live tail continues from there)."""
@@ -89,8 +96,39 @@ class LogChunker:
         self.offset += len(ready)
         return ready
 
+    def flush_partial(self) -> bytes:
+        """The held-back line so far, up to where nothing is cut in two (a UTF-8 character, an
+        escape sequence); the rest stays held back."""
+        pending = self._pending
+        cut = len(pending)
+        escape = pending.rfind(b"\x1b")
+        if escape >= 0 and _WHOLE_ESCAPE.match(pending, escape) is None:
+            cut = escape
+        cut = _char_boundary(pending, cut)
+        ready, self._pending = pending[:cut], pending[cut:]
+        self.offset += len(ready)
+        return ready
+
     def finish(self) -> bytes:
         """Whatever is held back (the log ended without a newline)."""
         rest, self._pending = self._pending, b""
         self.offset += len(rest)
         return rest
+
+
+def _char_boundary(data: bytes, cut: int) -> int:
+    """``cut``, or the start of a UTF-8 character that ``cut`` would split."""
+    start = cut - 1
+    while start >= 0 and cut - start <= 4 and data[start] & 0xC0 == 0x80:
+        start -= 1
+    if start < 0:
+        return cut
+    lead = data[start]
+    size = 1
+    if lead >> 5 == 0b110:
+        size = 2
+    elif lead >> 4 == 0b1110:
+        size = 3
+    elif lead >> 3 == 0b11110:
+        size = 4
+    return cut if cut - start >= size else start

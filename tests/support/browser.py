@@ -43,6 +43,8 @@ CHROMIUM_ARGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # A name that resolves to the dashboard, as a DNS-rebinding attack would make it.
+    "--host-resolver-rules=MAP rebound.test 127.0.0.1",
 )
 _SERVING = re.compile(r"dispatch web: serving .* on (http://\S+?)/?$")
 _SIGN_IN = re.compile(r"dispatch web: sign in: (http://\S+)$")
