@@ -94,8 +94,14 @@ class BoardStore(abc.ABC):
         statuses: Sequence[CardStatus] | None = None,
         assignee: str | None = None,
         include_archived: bool = False,
+        limit: int | None = None,
     ) -> list[Card]:
-        """Cards by priority (highest first), then age (oldest first)."""
+        """Cards by priority (highest first), then age (oldest first); the first ``limit``."""
+
+    @abc.abstractmethod
+    def done_cards(self, *, offset: int = 0, limit: int = 50) -> list[Card]:
+        """One page of ``done`` cards, most recently completed first (then by id): what a
+        board shows of a done column that keeps growing."""
 
     @abc.abstractmethod
     def edit_card(self, card_id: str, edit: CardEdit, *, now: float) -> Card:

@@ -162,6 +162,7 @@ class MemoryBoardStore(BoardStore):
         statuses: Sequence[CardStatus] | None = None,
         assignee: str | None = None,
         include_archived: bool = False,
+        limit: int | None = None,
     ) -> list[Card]:
         def wanted(card: Card) -> bool:
             if statuses:
@@ -173,7 +174,14 @@ class MemoryBoardStore(BoardStore):
 
         with self._lock:
             cards = [c for c in self._cards.values() if wanted(c)]
-        return sorted(cards, key=_board_order)
+        ordered = sorted(cards, key=_board_order)
+        return ordered if limit is None else ordered[: max(0, limit)]
+
+    def done_cards(self, *, offset: int = 0, limit: int = 50) -> list[Card]:
+        with self._lock:
+            done = [c for c in self._cards.values() if c.status is CardStatus.DONE]
+        done.sort(key=lambda c: (-(c.completed_at or 0), c.id))
+        return done[max(0, offset) : max(0, offset) + max(0, limit)]
 
     def edit_card(self, card_id: str, edit: CardEdit, *, now: float) -> Card:
         with self._lock:

@@ -286,6 +286,7 @@ class SqlBoardStore(BoardStore):
         statuses: Sequence[CardStatus] | None = None,
         assignee: str | None = None,
         include_archived: bool = False,
+        limit: int | None = None,
     ) -> list[Card]:
         clauses: list[str] = []
         params: list[Any] = []
@@ -298,13 +299,26 @@ class SqlBoardStore(BoardStore):
             clauses.append("assignee = ?")
             params.append(assignee)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        if limit is not None:
+            params.append(max(0, limit))
         with self.db.read() as conn:
             rows = conn.execute(
                 f"SELECT {CARD_COLUMNS} FROM kanban_cards{where}"  # noqa: S608 - built above
-                " ORDER BY priority DESC, created_at, id",
+                " ORDER BY priority DESC, created_at, id"
+                + (" LIMIT ?" if limit is not None else ""),
                 params,
             ).fetchall()
             parents = self._parents(conn, None if len(rows) > 500 else [r["id"] for r in rows])
+        return [card_of(row, parents.get(row["id"], [])) for row in rows]
+
+    def done_cards(self, *, offset: int = 0, limit: int = 50) -> list[Card]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE status = 'done'"  # noqa: S608
+                " ORDER BY completed_at DESC, id LIMIT ? OFFSET ?",
+                (max(0, limit), max(0, offset)),
+            ).fetchall()
+            parents = self._parents(conn, [r["id"] for r in rows])
         return [card_of(row, parents.get(row["id"], [])) for row in rows]
 
     def edit_card(self, card_id: str, edit: CardEdit, *, now: float) -> Card:

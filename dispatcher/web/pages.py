@@ -51,12 +51,16 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
     store = source.store
     seq = store.last_event_seq()  # before the cards: the stream resends what follows
     done_offset = _offset(request, "done")
-    cards = store.list_cards()
+    # Only what the columns show is read: the first cards of each, one page of done ones.
+    shown = [
+        card
+        for status in views.ACTIVE
+        for card in store.list_cards(statuses=[status], limit=views.COLUMN_LIMIT)
+    ]
+    shown += store.done_cards(offset=done_offset, limit=views.DONE_PAGE)
     runs = store.open_runs()
     counts = store.status_counts()
     kanban = source.settings.kanban
-    shown = [c for c in cards if c.status is not CardStatus.DONE]
-    shown += views.done_page([c for c in cards if c.status is CardStatus.DONE], done_offset)
     tiles = views.tiles(shown, runs, local_host=source.host_id, failure_limit=kanban.failure_limit)
     context = site.context(request, title="Board", nav="board", stream=f"/live/board?after={seq}")
     context.update(
@@ -73,8 +77,7 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
 async def board(request: Request) -> Response:
     """``GET /``."""
     site = site_of(request)
-    context = await site.run(lambda: board_context(site, request))
-    return site.page(request, "board.html", context)
+    return await site.render("board.html", lambda: board_context(site, request))
 
 
 # -- card -------------------------------------------------------------------------------------
@@ -170,8 +173,7 @@ async def card(request: Request) -> Response:
     card_id = await site.run(lambda: resolve_card_id(site, given))
     if card_id != given:
         return RedirectResponse(f"/cards/{card_id}", status_code=303)
-    context = await site.run(lambda: card_context(site, request, card_id))
-    return site.page(request, "card.html", context)
+    return await site.render("card.html", lambda: card_context(site, request, card_id))
 
 
 async def run_page(request: Request) -> Response:
@@ -225,16 +227,14 @@ def cron_fingerprint(site: Site) -> Any:
 async def cron(request: Request) -> Response:
     """``GET /cron``."""
     site = site_of(request)
-    context = await site.run(lambda: cron_context(site, request))
-    return site.page(request, "cron.html", context)
+    return await site.render("cron.html", lambda: cron_context(site, request))
 
 
 async def cron_job(request: Request) -> Response:
     """``GET /cron/{job_id}``."""
     site = site_of(request)
     job_id = request.path_params["job_id"]
-    context = await site.run(lambda: cron_context(site, request, job_id))
-    return site.page(request, "cron.html", context)
+    return await site.render("cron.html", lambda: cron_context(site, request, job_id))
 
 
 # -- sessions ---------------------------------------------------------------------------------
@@ -263,8 +263,7 @@ def sessions_fingerprint(site: Site) -> Any:
 async def sessions(request: Request) -> Response:
     """``GET /sessions``."""
     site = site_of(request)
-    context = await site.run(lambda: sessions_context(site, request))
-    return site.page(request, "sessions.html", context)
+    return await site.render("sessions.html", lambda: sessions_context(site, request))
 
 
 def session_context(site: Site, request: Request, session_id: str) -> dict[str, Any]:
@@ -284,8 +283,7 @@ async def session(request: Request) -> Response:
     found = await site.run(lambda: site.source.registry().resolve(given))
     if found.id != given:
         return RedirectResponse(f"/sessions/{found.id}", status_code=303)
-    context = await site.run(lambda: session_context(site, request, found.id))
-    return site.page(request, "session.html", context)
+    return await site.render("session.html", lambda: session_context(site, request, found.id))
 
 
 # -- status and hosts -------------------------------------------------------------------------
@@ -310,8 +308,7 @@ def clock_fingerprint(seconds: float) -> Any:
 async def status(request: Request) -> Response:
     """``GET /status``."""
     site = site_of(request)
-    context = await site.run(lambda: status_context(site, request))
-    return site.page(request, "status.html", context)
+    return await site.render("status.html", lambda: status_context(site, request))
 
 
 def hosts_context(site: Site, request: Request) -> dict[str, Any]:
@@ -326,5 +323,4 @@ def hosts_context(site: Site, request: Request) -> dict[str, Any]:
 async def hosts(request: Request) -> Response:
     """``GET /hosts``."""
     site = site_of(request)
-    context = await site.run(lambda: hosts_context(site, request))
-    return site.page(request, "hosts.html", context)
+    return await site.render("hosts.html", lambda: hosts_context(site, request))

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from dispatcher.web.guard import Access, Auth
 from dispatcher.web.keys import Keys
 from dispatcher.web.live import Hub
-from dispatcher.web.render import Renderer
+from dispatcher.web.render import Html, Renderer
 from dispatcher.web.source import Source
 
 T = TypeVar("T")
@@ -101,6 +101,13 @@ class Site:
         context = self.context(request, title=f"{status}", nav="")
         context.update(status=status, message=message, hint=hint)
         return self.renderer.page("error.html", context, status=status, headers=headers)
+
+    async def render(self, template: str, build: Callable[[], Mapping[str, Any]]) -> Response:
+        """A page whose context ``build`` reads, built and rendered in a worker thread (a big
+        board must not hold up the live streams on the event loop)."""
+        renderer = self.renderer
+        html = await self.run(lambda: renderer.text(template, build()))
+        return Html(html)
 
     @staticmethod
     async def run(func: Callable[[], T]) -> T:

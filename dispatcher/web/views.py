@@ -16,9 +16,11 @@ from dispatcher.kanban.views import BOARD_ORDER
 
 DONE_PAGE = 50
 """Done cards per page of the board."""
-COLUMN_LIMIT = 500
-"""Cards shown in any other column before "N more"."""
+COLUMN_LIMIT = 200
+"""Cards shown in any other column before "N more" (the first by the board's order)."""
 _PRIORITY_SPAN = 10**12
+ACTIVE = tuple(status for status in BOARD_ORDER if status is not CardStatus.DONE)
+"""The columns shown whole (done comes a page at a time)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,12 +137,6 @@ def columns(
             )
         found.append(column)
     return found
-
-
-def done_page(done: Sequence[Card], offset: int) -> list[Card]:
-    """One page of done cards, newest first, starting ``offset`` cards in."""
-    ordered = sorted(done, key=lambda c: (-(c.completed_at or 0), c.id))
-    return ordered[offset : offset + DONE_PAGE]
 
 
 def affected_cards(events: Iterable[Event]) -> list[str]:

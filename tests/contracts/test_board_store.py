@@ -375,3 +375,24 @@ def test_outcome_counts_count_closed_runs_by_outcome_and_class(store: BoardStore
         (RunOutcome.SPAWN_REFUSED, True): 1,
         (RunOutcome.FAILED, False): 2,
     }
+
+
+def test_done_cards_come_a_page_at_a_time_newest_first(store: BoardStore) -> None:
+    done = []
+    for index in range(5):
+        card_id = add(store, f"c{index}")
+        store.move(card_id, CardStatus.DONE, now=NOW + index)
+        done.append(card_id)
+    add(store, "still ready")
+    assert [c.id for c in store.done_cards(limit=3)] == done[::-1][:3]
+    assert [c.id for c in store.done_cards(offset=3, limit=3)] == done[::-1][3:]
+    assert store.done_cards(offset=5) == []
+    assert all(c.status is CardStatus.DONE for c in store.done_cards())
+
+
+def test_list_cards_can_stop_after_the_first_few(store: BoardStore) -> None:
+    low = add(store, "low", priority=1)
+    high = add(store, "high", priority=3)
+    add(store, "lowest")
+    assert [c.id for c in store.list_cards(limit=2)] == [high, low]
+    assert store.list_cards(statuses=[CardStatus.READY], limit=0) == []
