@@ -47,11 +47,18 @@ cron:
 class Dash:
     """A dashboard on a fresh state dir, a TestClient, and the CLI on the same state."""
 
-    def __init__(self, root: Path, capsys: pytest.CaptureFixture[str], *, remote: bool = False):
+    def __init__(
+        self,
+        root: Path,
+        capsys: pytest.CaptureFixture[str],
+        *,
+        remote: bool = False,
+        extra: str = "",
+    ):
         self.root = root
         self.capsys = capsys
         self.config = root / "config.yaml"
-        self.config.write_text(CONFIG)
+        self.config.write_text(CONFIG + extra)
         self.state = root / "state"
         self.env = no_bus_env(root)
         settings = load_config(self.config).settings
@@ -558,3 +565,31 @@ def test_metrics_count_runs_and_the_ready_to_running_latency(dash: Dash) -> None
     assert metrics["dispatch_kanban_ready_to_running_seconds_sum"][()] >= 0
     assert metrics["dispatch_cards"][(("status", "done"),)] == 2
     assert metrics["dispatch_kanban_runs_open"][()] == 0
+
+
+@pytest.mark.postgres
+def test_cluster_mode_shows_every_host_and_its_lease(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pg_url: str
+) -> None:
+    from dispatcher.cluster.database import ClusterDB
+    from dispatcher.cluster.hosts import Hosts
+
+    with ClusterDB(pg_url) as cluster:
+        cluster.migrate()
+        hosts = Hosts(cluster, lease_ttl=30)
+        hosts.join("alpha", boot_id="boot-a", version="1")
+        hosts.join("beta", boot_id="boot-b", version="1")
+        Hosts(cluster, lease_ttl=30, shift=lambda: -120).join("gamma", boot_id="g", version="1")
+    board = Dash(tmp_path, capsys, extra=f"cluster:\n  database: {pg_url}\n  host_id: alpha\n")
+    try:
+        html = board.client.get("/hosts").text
+        assert "Cluster mode is off" not in html
+        for host in ("alpha", "beta", "gamma"):
+            assert f"<td>{host}" in html
+        assert "(this host)" in html and html.count(">live<") == 2 and ">expired<" in html
+        metrics = _metrics(board)
+        live = metrics["dispatch_cluster_host_lease_live"]
+        assert live == {(("host", "alpha"),): 1, (("host", "beta"),): 1, (("host", "gamma"),): 0}
+        assert metrics["dispatch_state_readable"][()] == 1
+    finally:
+        board.close()

@@ -280,3 +280,30 @@ def test_an_unfinished_line_is_let_out_at_a_safe_place() -> None:
     assert chunker.flush_partial() == "é ".encode()  # not half of the escape
     assert chunker.feed(b"1mred\n") == b"\x1b[31mred\n"
     assert chunker.offset == len("dots ... é \x1b[31mred\n".encode())
+
+
+def test_the_contrib_unit_serves_loopback_and_passes_the_doctors_checks() -> None:
+    import shlex
+
+    from dispatcher.gateway.units import UnitFile, inspect_unit, parse_unit
+
+    path = Path(__file__).resolve().parent.parent / "contrib" / "dispatch-web.service"
+    service = parse_unit(path.read_text())["Service"]
+    argv = shlex.split(service["ExecStart"][0])
+    assert argv[1] == "web" and parse_listen(argv[argv.index("--listen") + 1]).loopback
+    checked = inspect_unit(
+        UnitFile(path=path, manager="user"), degrade_without_scope=False, current_user="root"
+    )
+    assert checked["role"] == "other" and checked["checks"]["kill_mode"]["ok"]
+
+
+def test_web_help_names_every_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from dispatcher.cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["web", "--help"], environ={})
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for option in ("--listen", "--allow-remote", "--allow-host", "--require-secret", "--url"):
+        assert option in text
+    assert "127.0.0.1:8470" in text and "/metrics" in text

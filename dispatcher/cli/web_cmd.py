@@ -53,6 +53,11 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         help="also accept this Host header (a DNS name or reverse proxy in front; repeatable)",
     )
     parser.add_argument(
+        "--require-secret",
+        action="store_true",
+        help="every page needs the secret even on loopback (a host shared with other users)",
+    )
+    parser.add_argument(
         "--url",
         action="store_true",
         help="print the sign-in link (it carries the secret) and exit",
@@ -83,7 +88,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     access = Access(
         keys=Keys(secret),
         hosts=allowed_hosts(listen, port, args.allow_host),
-        pages_need_secret=not listen.loopback,
+        pages_need_secret=args.require_secret or not listen.loopback,
         cookie=cookie_name(port),
         origin=origin,
     )
