@@ -20,19 +20,18 @@ from dispatcher.kanban.errors import StaleRun
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,
-    Claimer,
     EventKind,
     Limits,
     NewCard,
-    RunOutcome,
-    RunResult,
 )
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 
 pytestmark = pytest.mark.postgres
 
 NOW = 1_800_000_000.0
 TTL = 30.0
-ME = Claimer(pid=1, start=1)
+ME = Claimant(pid=1, start=1, boot=None)
 
 
 class Shift:
@@ -115,14 +114,14 @@ def test_rescue_closes_lost_runs_once_and_fences_the_old_host(
     assert on_b.rescue(hosts, "a", 1, now=NOW + 41) == []  # never twice
 
     run = on_b.get_run(run_id)
-    assert run.outcome is RunOutcome.LOST and run.infrastructure
+    assert run.outcome is Outcome.LOST and run.infrastructure
     rescued = on_b.get_card(card.id)
     assert rescued.status is CardStatus.READY and rescued.consecutive_failures == 0
     assert EventKind.INTERRUPTED in [e.kind for e in on_b.events_of(card.id)]
 
     # a comes back: every write it makes about its old run changes nothing.
     done = CardChange(fields={"status": CardStatus.DONE})
-    result = RunResult(outcome=RunOutcome.COMPLETED, exit_code=0)
+    result = Result(outcome=Outcome.COMPLETED, exit_code=0)
     assert on_a.close_run(run_id, result, lambda c, r: done, now=NOW + 50) is None
     with pytest.raises(StaleRun):
         on_a.worker_move(card.id, run_id, CardStatus.DONE, now=NOW + 50)

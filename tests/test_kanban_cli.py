@@ -17,12 +17,11 @@ from dispatcher.kanban.lookup import resolve_session_id
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,
-    Claimer,
     Limits,
-    RunOutcome,
-    RunResult,
 )
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 from tests.support.wait import wait_for
 
 REPORT = f"{sys.executable} -m dispatcher.cli.main kanban complete --result from-worker && exit 3"
@@ -180,7 +179,7 @@ def test_worker_commands_from_the_environment(cli: Cli, home: Path) -> None:
             .claim(
                 card_id,
                 now=1.0,
-                claimer=Claimer(pid=1, start=None),
+                claimer=Claimant(pid=1, start=None, boot=None),
                 limits=Limits(max_in_progress=9),
             )
             .run
@@ -235,14 +234,14 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(
 
 def test_a_stale_run_changes_nothing_even_for_a_running_card(cli: Cli, home: Path) -> None:
     card_id = cli.add()
-    me = Claimer(pid=1, start=None)
+    me = Claimant(pid=1, start=None, boot=None)
     with open_state(home / "state") as db:
         store = SqliteBoardStore(db)
         old = store.claim(card_id, now=1.0, claimer=me, limits=Limits(max_in_progress=9)).run
         assert old is not None
         store.close_run(
             old.run_id,
-            RunResult(outcome=RunOutcome.RECLAIMED),
+            Result(outcome=Outcome.RECLAIMED),
             lambda card, run: CardChange(fields={"status": CardStatus.READY}),
             now=2.0,
         )

@@ -11,22 +11,22 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.cron.launcher import FireRunner, claimant_token
+from dispatcher.cron.launcher import FireRunner
 from dispatcher.cron.ledger import FireRecord, JobState, Ledger, Status
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
 from dispatcher.cron.report import job_entry
 from dispatcher.cron.zones import host_zone_name
-from dispatcher.envfile import read_env_file
-from dispatcher.errors import EnvFileError
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.failure import WorkerSetupError
+from dispatcher.launch.setup import Workplace
 from dispatcher.settings import Settings
 from scope.foundation.clock import SystemClock
 from scope.foundation.errors import NotFoundError
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from dispatcher.app.runtime import Runtime
     from dispatcher.cron.scheduler import CronScheduler
 
@@ -57,11 +57,13 @@ class CronJobs:
         *,
         environ: Mapping[str, str],
         state_dir: Path,
+        config_path: Path | None = None,
     ) -> None:
         self.settings = settings
         self._open_ledger = ledger
         self.environ = dict(environ)
         self.state_dir = state_dir
+        self.config_path = config_path
         self.plans: dict[str, JobPlan] = {
             job.id: plan_job(job, host_zone_name(self.environ)) for job in settings.cron.jobs
         }
@@ -93,8 +95,9 @@ class CronJobs:
             runtime().registry,
             environ=self.environ,
             state_dir=self.state_dir,
-            claimant=claimant_token(),
+            claimant=Claimant.current(instance=True).token(),
             clock=SystemClock().time,
+            config_path=self.config_path,
         )
         runner.reconcile({job.id: job for job in self.settings.cron.jobs})
 
@@ -108,7 +111,7 @@ class CronJobs:
             fires: tuple[float, ...] = ()
             if job_active(plan.job, state):
                 fires = tuple(plan.schedule.next_instants(now, upcoming))
-            warnings = tuple(_env_warnings(plan))
+            warnings = tuple(self._env_warnings(plan))
             entry = job_entry(
                 plan, state, fires[0] if fires else None, last.get(plan.job.id), list(warnings)
             )
@@ -141,14 +144,15 @@ class CronJobs:
             runtime.db,
             environ=self.environ,
             state_dir=self.state_dir,
+            config_path=self.config_path,
         )
 
-
-def _env_warnings(plan: JobPlan) -> list[str]:
-    if not plan.job.env_file:
+    def _env_warnings(self, plan: JobPlan) -> list[str]:
+        if not plan.job.env_file:
+            return []
+        workplace = Workplace(state_dir=self.state_dir, config_path=self.config_path, environ={})
+        try:
+            workplace.read_env_file(plan.job.env_file)
+        except WorkerSetupError as err:
+            return [err.message]
         return []
-    try:
-        read_env_file(plan.job.env_file)
-    except EnvFileError as err:
-        return [err.message]
-    return []

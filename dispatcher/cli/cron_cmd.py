@@ -22,11 +22,12 @@ from dispatcher.app.database import open_state
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.cron.crontab import parse as parse_crontab
-from dispatcher.cron.ledger import FireRecord, Ledger, Outcome
+from dispatcher.cron.ledger import FireRecord, Ledger
 from dispatcher.cron.plan import JobPlan
 from dispatcher.cron.report import iso_in, policies, row_entry, schedule_text
 from dispatcher.cron.timeline import CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
+from dispatcher.launch.outcome import Outcome
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
 from scope.foundation.errors import UsageError
@@ -93,7 +94,13 @@ def _jobs(ctx: Context) -> CronJobs:
         ctx.on_close(db)
         return Ledger(db)
 
-    return CronJobs(ctx.settings, ledger, environ=ctx.environ, state_dir=ctx.state_dir)
+    return CronJobs(
+        ctx.settings,
+        ledger,
+        environ=ctx.environ,
+        state_dir=ctx.state_dir,
+        config_path=ctx.config_path,
+    )
 
 
 def _runtime(ctx: Context) -> Runtime:
@@ -276,12 +283,12 @@ def handle_run(args: argparse.Namespace, ctx: Context) -> int:
     runtime = runtime_from_context(ctx, caller_kind=CallerKind.CRON, follow=True)
     scheduler = jobs.scheduler(runtime)
     record = scheduler.run_now(args.job_id)
-    if record.session_id is None:
+    if record.session_id is None or not args.wait:
         _report_run(ctx, record)
-        return _exit_status(record)
-    if not args.wait:
-        _report_run(ctx, record)
-        return 0
+        if args.wait:
+            return _exit_status(record)
+        # Without --wait the command fails (exit 1) only when the fire could not start.
+        return 1 if _not_started(record) else 0
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
@@ -303,25 +310,35 @@ def _report_run(ctx: Context, record: FireRecord) -> None:
         ctx.emit_json(row_entry(record))
     elif record.session_id:
         ctx.out(record.session_id)
-    if record.outcome in (Outcome.SPAWN_REFUSED, Outcome.FAILED_START) and record.error:
-        ctx.warn(f"{record.fire_key}: {record.outcome.value}: {record.error}")
+    if _not_started(record) and record.session_id is not None:
+        # The worker's exec failed in its keeper (a refused spawn, where no session exists,
+        # was already named on stderr by the launch core's warning).
+        ctx.warn(f"{record.fire_key}: {record.shown_outcome}: {record.error}")
+
+
+def _not_started(record: FireRecord) -> bool:
+    """Whether the fire never got a running worker (refused, failed to start, unusable)."""
+    if record.outcome in (Outcome.SPAWN_REFUSED, Outcome.FAILED_START):
+        return True
+    return record.outcome is Outcome.CONFIG_ERROR and record.exit_code is None
 
 
 def _exit_status(record: FireRecord) -> int:
+    """The fire's result as an exit status, as ``dispatch wait`` passes a worker's through:
+    its exit code, 128+N for signal N, 124 for a timeout, 127 when it could not start, 1 for
+    a refused spawn or a worker definition that cannot be used."""
     outcome = record.outcome
     if outcome is None or outcome is Outcome.COMPLETED:
         return 0
-    if outcome is Outcome.FAILED:
-        if record.signal:
-            try:
-                return 128 + signal.Signals[record.signal].value
-            except KeyError:
-                return 1
-        return record.exit_code if record.exit_code is not None else 1
+    if record.signal:
+        try:
+            return 128 + signal.Signals[record.signal].value
+        except KeyError:
+            return 1
     if outcome is Outcome.TIMED_OUT:
         return 124
     if outcome is Outcome.FAILED_START:
         return 127
-    if outcome is Outcome.SPAWN_REFUSED:
-        return 1
+    if record.exit_code:
+        return record.exit_code
     return 1

@@ -22,7 +22,7 @@ from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.timefmt import iso, short
-from registry.abc import Event, Registry
+from registry.abc import Event, EventType, Registry
 from scope.foundation.errors import NotFoundError, UsageError
 
 DESCRIPTION = (
@@ -73,16 +73,16 @@ def describe(event: Event) -> str:
     """One human line for an event."""
     if event.completion_reason:
         summary = event.completion_reason
-    elif event.type.value == "watch":
+    elif event.type is EventType.WATCH:
         first = event.output.splitlines()[0] if event.output else ""
         summary = f"{event.data.get('matches', 1)} line(s): {first}"
-    elif event.type.value == "heartbeat":
+    elif event.type is EventType.HEARTBEAT:
         summary = f"{event.data.get('bytes', 0)} new bytes"
     elif event.note:
         summary = event.note
     else:
         summary = str(event.data.get("reason") or "")
-    if event.note and event.type.value == "completion":
+    if event.note and event.type is EventType.COMPLETION:
         summary = f"{summary} [handoff: {event.note}]"
     return (
         f"{event.id}  {short(event.created_at)}  {event.session_id}#{event.seq}  "

@@ -17,7 +17,7 @@ from typing import BinaryIO
 from dispatcher.app.runtime import Runtime, runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from registry.abc import Registry, Session
+from registry.abc import Registry, Session, SessionState
 from registry.hooks import OutputHooks
 from registry.output import LogReader
 from scope.foundation.errors import UsageError
@@ -164,7 +164,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         ctx.warn(
             f"error: session {session.id} ({session.state.value}): output log "
             f"{session.log_path} is missing"
-            + (f" ({session.completion_reason})" if session.state.value == "lost" else "")
+            + (f" ({session.completion_reason})" if session.state is SessionState.LOST else "")
         )
         return 1
     # Everything up to this size is printed now; -f continues from exactly there.

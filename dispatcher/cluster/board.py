@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.hosts import Hosts
 from dispatcher.cluster.wake import CHANNEL
-from dispatcher.kanban.model import RunOutcome, RunResult
-from dispatcher.kanban.store import SqlBoardStore, SqlConnection
+from dispatcher.kanban.sql import SqlConnection
+from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.taxonomy import Breaker, after_run
+from dispatcher.launch.outcome import Outcome, Result
 
 
 @dataclass(kw_only=True)
@@ -103,7 +104,7 @@ class PgBoardStore(SqlBoardStore):
             " ORDER BY claimed_at",
             (host_id, epoch),
         ).fetchall()
-        result = RunResult(outcome=RunOutcome.LOST, infrastructure=True, error=why)
+        result = Result(outcome=Outcome.LOST, infrastructure=True, error=why)
         closed = []
         for row in rows:
             done = self._close(

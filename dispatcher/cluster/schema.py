@@ -64,6 +64,7 @@ CREATE TABLE kanban_runs (
     infrastructure integer NOT NULL DEFAULT 0,
     claimer_pid integer,
     claimer_start bigint,
+    claimer_boot text,
     host_id text,
     epoch bigint
 );

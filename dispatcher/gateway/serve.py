@@ -44,7 +44,7 @@ from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.settings import Settings
-from registry.abc import Session
+from registry.abc import OwnerKind, Session, SessionState
 from registry.errors import StateError
 from scope.abc import CallerKind, Placement
 from scope.errors import ScopeUnavailable
@@ -163,7 +163,7 @@ class Gateway:
             took,
             session.completion_reason or "",
         )
-        if session.owner.kind == "kanban":
+        if session.owner.kind is OwnerKind.KANBAN:
             self._finished.put(session)
             self._nudge()
 
@@ -248,6 +248,7 @@ class Gateway:
             clock=self.clock,
             environ=self.environ,
             state_dir=self.state_dir,
+            config_path=self.config_path,
         )
         self._cron_waker = CronWaker(self._cron)
         self._adopt_at_start(runtime)
@@ -265,7 +266,7 @@ class Gateway:
 
     def _adopt_at_start(self, runtime: Runtime) -> None:
         adopted = runtime.registry.adopt()
-        lost = [s for s in adopted if s.state.value == "lost"]
+        lost = [s for s in adopted if s.state is SessionState.LOST]
         running = [s for s in adopted if not s.finished]
         log.info(
             "adopted %d running workers, %d finished while nobody watched, %d lost",

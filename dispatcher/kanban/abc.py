@@ -27,15 +27,14 @@ from dispatcher.kanban.model import (
     CardChange,
     CardEdit,
     CardStatus,
-    Claimer,
     Event,
     EventKind,
     Limits,
     NewCard,
     Run,
-    RunOutcome,
-    RunResult,
 )
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 
 
 class ClaimVerdict(enum.StrEnum):
@@ -170,7 +169,7 @@ class BoardStore(abc.ABC):
         card_id: str,
         *,
         now: float,
-        claimer: Claimer,
+        claimer: Claimant,
         limits: Limits,
         ignore_cooldown: bool = False,
     ) -> Claim:
@@ -192,7 +191,7 @@ class BoardStore(abc.ABC):
 
     @abc.abstractmethod
     def close_run(
-        self, run_id: str, result: RunResult, decide: Decide, *, now: float
+        self, run_id: str, result: Result, decide: Decide, *, now: float
     ) -> tuple[Run, Card] | None:
         """Give an open run its outcome and apply ``decide(card, run)`` to the card, in one
         transaction. None (nothing changed) when the run was already closed."""
@@ -252,5 +251,5 @@ class BoardStore(abc.ABC):
         """How many cards are in each status."""
 
     @abc.abstractmethod
-    def outcome_counts(self) -> dict[tuple[RunOutcome, bool], int]:
+    def outcome_counts(self) -> dict[tuple[Outcome, bool], int]:
         """How many closed runs ended with each (outcome, infrastructure flag)."""

@@ -24,13 +24,11 @@ from dispatcher.kanban.model import (
     EventKind,
     NewCard,
     Run,
-    RunOutcome,
-    RunResult,
     move_fields,
 )
 from dispatcher.kanban.settings import KanbanSettings
-from dispatcher.kanban.taxonomy import result_from_session
 from dispatcher.kanban.worker import remove_body
+from dispatcher.launch.outcome import Outcome, Result, outcome_of
 from registry.abc import Registry, SessionState
 from scope.foundation.errors import NotFoundError
 
@@ -220,13 +218,11 @@ class Board:
             remove_body(self._state_dir, run.run_id)
         return done[1]
 
-    def _stop(self, run: Run, reason: str) -> RunResult:
+    def _stop(self, run: Run, reason: str) -> Result:
         """Kill the run's worker (if any) and say how the run ended."""
         if run.session_id is None:
             # Not spawned yet: closing the run makes its spawner stop what it starts.
-            return RunResult(
-                outcome=RunOutcome.RECLAIMED, error=f"{reason} before its worker started"
-            )
+            return Result(outcome=Outcome.RECLAIMED, error=f"{reason} before its worker started")
         if self._registry is None:
             raise WrongStatus(
                 run.card_id, "running", "stop the worker of", remedy="no registry available"
@@ -236,8 +232,8 @@ class Board:
                 run.session_id, state=SessionState.KILLED, reason=reason
             )
         except NotFoundError:
-            return RunResult(
-                outcome=RunOutcome.LOST,
+            return Result(
+                outcome=Outcome.LOST,
                 error=f"session {run.session_id} is no longer known to the registry",
                 session_id=run.session_id,
             )
@@ -249,7 +245,7 @@ class Board:
                 "stop the worker of",
                 remedy=f"session {session.id} survived the kill; try 'dispatch kill {session.id}'",
             )
-        return result_from_session(session)
+        return outcome_of(session)
 
     # -- worker (fenced) ---------------------------------------------------------------------
 

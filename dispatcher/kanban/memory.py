@@ -21,17 +21,16 @@ from dispatcher.kanban.model import (
     Card,
     CardEdit,
     CardStatus,
-    Claimer,
     Event,
     EventKind,
     Limits,
     NewCard,
     Run,
-    RunOutcome,
-    RunResult,
     move_fields,
 )
 from dispatcher.kanban.rows import CARD_FIELDS, CARD_PREFIX, RUN_PREFIX, new_id
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 from registry.errors import AmbiguousId
 from scope.foundation.errors import NotFoundError
 
@@ -278,7 +277,7 @@ class MemoryBoardStore(BoardStore):
         card_id: str,
         *,
         now: float,
-        claimer: Claimer,
+        claimer: Claimant,
         limits: Limits,
         ignore_cooldown: bool = False,
     ) -> Claim:
@@ -298,8 +297,7 @@ class MemoryBoardStore(BoardStore):
                 card_id=card_id,
                 attempt=attempt,
                 claimed_at=now,
-                claimer_pid=claimer.pid,
-                claimer_start=claimer.start,
+                claimant=claimer,
             )
             self._runs[run.run_id] = run
             self._update(card_id, rules.claimed_fields(run.run_id, now), now)
@@ -330,7 +328,7 @@ class MemoryBoardStore(BoardStore):
             return True
 
     def close_run(
-        self, run_id: str, result: RunResult, decide: Decide, *, now: float
+        self, run_id: str, result: Result, decide: Decide, *, now: float
     ) -> tuple[Run, Card] | None:
         with self._lock:
             run = self._run(run_id)
@@ -449,8 +447,8 @@ class MemoryBoardStore(BoardStore):
                 counts[card.status] += 1
         return counts
 
-    def outcome_counts(self) -> dict[tuple[RunOutcome, bool], int]:
-        counts: dict[tuple[RunOutcome, bool], int] = {}
+    def outcome_counts(self) -> dict[tuple[Outcome, bool], int]:
+        counts: dict[tuple[Outcome, bool], int] = {}
         with self._lock:
             for run in self._runs.values():
                 if run.outcome is not None:
