@@ -11,10 +11,8 @@ keeps them in DIR, which is how docs/web-board.png is made).
 from __future__ import annotations
 
 import http.server
-import json
 import os
 import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,11 +21,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.app.workspace import Workspace
-from dispatcher.config import load_config
-from tests.support.browser import WebProcess, browser, dialogs_of, page
-from tests.support.cli import run_dispatch
-from tests.support.env import no_bus_env
+from tests.support.browser import WebHome, WebProcess, browser, dialogs_of, page
 from tests.support.wait import wait_for
 
 __all__ = ["browser", "page"]
@@ -57,35 +51,12 @@ cron:
 """
 
 
-class Home:
-    """A config, a state dir, the CLI and the dashboard on them."""
+class Home(WebHome):
+    """The CLI and one dashboard on a fresh state dir."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.config = root / "config.yaml"
-        self.config.write_text(CONFIG)
-        self.state = root / "state"
-        self.env = no_bus_env(root)
+        super().__init__(root, CONFIG)
         self.web: WebProcess | None = None
-
-    def dispatch(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return run_dispatch(self.config, self.state, self.env, *args)
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.dispatch(*args, "--json").stdout)
-
-    def add(self, title: str, assignee: str = "echo") -> str:
-        return self.dispatch("kanban", "add", title, "--assignee", assignee).stdout.strip()
-
-    def add_fast(self, title: str) -> tuple[str, float]:
-        """Add a card the way the CLI does, in this process; returns its id and commit time."""
-        settings = load_config(self.config).settings
-        workspace = Workspace(settings, self.state, environ=self.env, config_path=self.config)
-        try:
-            card, _ = workspace.board.add(title, assignee="echo", now=workspace.now())
-            return card.id, time.monotonic()
-        finally:
-            workspace.close()
 
     def start(self, listen: str = "127.0.0.1:0") -> WebProcess:
         self.web = WebProcess(self.config, self.state, self.env, listen=listen)

@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.app.workspace import Workspace
-from dispatcher.config import load_config
-from tests.support.browser import SseReader, WebProcess, run_web
+from tests.support.browser import SseReader, WebHome, WebProcess, run_web
 from tests.support.cli import run_dispatch
-from tests.support.env import no_bus_env
 
 PRINTER = (
     "i=0; while [ $i -lt 40 ]; do i=$((i+1)); "
@@ -36,25 +33,12 @@ kanban:
 """
 
 
-class Home:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.config = root / "config.yaml"
-        self.config.write_text(CONFIG)
-        self.state = root / "state"
-        self.env = no_bus_env(root)
-
-    def dispatch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return run_dispatch(self.config, self.state, self.env, *args, check=check)
-
-    def workspace(self) -> Workspace:
-        settings = load_config(self.config).settings
-        return Workspace(settings, self.state, environ=self.env, config_path=self.config)
+Home = WebHome
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Home:
-    return Home(tmp_path)
+def home(tmp_path: Path) -> WebHome:
+    return WebHome(tmp_path, CONFIG)
 
 
 @pytest.fixture
@@ -90,14 +74,9 @@ def test_a_card_added_with_the_cli_is_pushed_within_a_second(home: Home, web: We
         assert event["data"]["counts"]["ready"] == 1
         assert arrived - exited <= 1.0
         # The same path the CLI takes, timed from its commit.
-        workspace = home.workspace()
-        try:
-            second, _ = workspace.board.add("timed", assignee="echo", now=workspace.now())
-            committed = time.monotonic()
-        finally:
-            workspace.close()
+        second, committed = home.add_fast("timed")
         event = stream.next("cards", timeout=10)
-        assert [c["id"] for c in event["data"]["cards"]] == [second.id]
+        assert [c["id"] for c in event["data"]["cards"]] == [second]
         assert time.monotonic() - committed <= 1.0
     finally:
         stream.close()

@@ -32,11 +32,13 @@ from starlette.responses import Response, StreamingResponse
 
 from dispatcher.kanban.model import CardStatus, Event
 from dispatcher.web import pages, views
-from dispatcher.web.live import Change, LogFollower
+from dispatcher.web.live import Change, Hub, LogFollower
 from dispatcher.web.site import Site
 from scope.foundation.errors import DispatchError, NotFoundError
 
 PING = 15.0
+PING_LINE = ": ping\n\n"
+"""An SSE comment: keeps a quiet stream open and shows whether the browser is still there."""
 CATCH_UP = 2000
 """A browser further behind than this many events reloads the page instead."""
 RETRY_MS = 2000
@@ -51,6 +53,16 @@ def sse(data: Any, *, event: str | None = None, id: str | None = None) -> str:
         lines.append(f"event: {event}")
     lines.append("data: " + json.dumps(data, separators=(",", ":")))
     return "\n".join(lines) + "\n\n"
+
+
+async def _news(hub: Hub, gen: int) -> tuple[int, list[Change] | None] | None:
+    """Wait up to :data:`PING` for anything newer than ``gen``: None when nothing came (time
+    for a keep-alive), else the new generation and the board's changes since ``gen`` (None
+    when some were already dropped: read the store instead)."""
+    newer = await hub.next(gen, PING)
+    if newer == gen:
+        return None
+    return newer, hub.changes_since(gen)
 
 
 def _respond(events: AsyncIterator[str]) -> Response:
@@ -157,12 +169,11 @@ async def _board_events(site: Site, after: int) -> AsyncIterator[str]:
                 sent = max(sent, int(catch_up["seq"]))
                 yield sse(catch_up, event="cards", id=str(sent))
                 catch_up = None
-            newer = await hub.next(gen, PING)
-            if newer == gen:
-                yield ": ping\n\n"
+            news = await _news(hub, gen)
+            if news is None:
+                yield PING_LINE
                 continue
-            changes = hub.changes_since(gen)
-            gen = newer
+            gen, changes = news
             if changes is None:
                 catch_up = await site.run(functools.partial(_board_since, site, sent))
                 continue
@@ -254,12 +265,11 @@ async def _card_events(
                     if follower.ended and not follower.take():
                         ended = True
                         yield sse({}, event="logend", id=_card_id(sent, follower))
-                newer = await hub.next(gen, PING)
-                if newer == gen:
-                    yield ": ping\n\n"
+                news = await _news(hub, gen)
+                if news is None:
+                    yield PING_LINE
                     continue
-                changes = hub.changes_since(gen)
-                gen = newer
+                gen, changes = news
                 if changes is None:
                     mine = await site.run(lambda: site.source.store.events_of(card_id))
                     touched = [e for e in mine if e.seq > sent]
@@ -319,7 +329,7 @@ async def _session_events(
                     return
                 newer = await hub.next(gen, PING)
                 if newer == gen:
-                    yield ": ping\n\n"
+                    yield PING_LINE
                 gen = newer
     finally:
         hub.unfollow(follower)
@@ -363,7 +373,7 @@ async def _region_events(
             while not hub.closing:
                 newer = await hub.next(gen, PING)
                 if newer == gen:
-                    yield ": ping\n\n"
+                    yield PING_LINE
                     continue
                 gen = newer
                 if watch.version > seen:

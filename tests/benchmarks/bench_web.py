@@ -31,7 +31,7 @@ from pathlib import Path
 from dispatcher.app.database import open_state
 from dispatcher.kanban.model import CardStatus, NewCard
 from dispatcher.kanban.store import SqliteBoardStore
-from tests.benchmarks.bench_gateway import Serve, _latency
+from tests.benchmarks.bench_gateway import Serve, _latency, _load
 from tests.benchmarks.common import Row, median, percentile, ratio
 from tests.support.browser import SseReader, WebProcess
 from tests.support.env import no_bus_env
@@ -54,11 +54,6 @@ MIX = (
     (CardStatus.ARCHIVED, 50),
 )
 CONFIG = "kanban:\n  assignees:\n    a:\n      command: ['true']\n    b:\n      command: ['true']\n"
-
-
-def _load() -> str:
-    one, five, _ = os.getloadavg()
-    return f"load {one:.2f}/{five:.2f}, {os.cpu_count()} cores"
 
 
 def _fill(state: Path) -> int:
@@ -139,7 +134,7 @@ def _board_rows(loads: int) -> list[Row]:
     base = median(empty)
     note = (
         f"n={loads}, p90={percentile(server, 90):.1f} ms; client wall p50 {median(wall):.1f} ms; "
-        f"{size // 1024} KiB; 1,450 active cards shown + 50 of 3,500 done; "
+        f"{size // 1024} KiB; shown: the first 200 of each other column, 50 of 3,500 done; "
         f"{load_before} before, {_load()} after; baseline: the empty board"
     )
     return [

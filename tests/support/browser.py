@@ -20,7 +20,6 @@ import os
 import queue
 import re
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -30,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.cli import dispatch_argv, run_dispatch
+from tests.support.env import no_bus_env
 from tests.support.procs import stop_child
 
 ENV_REQUIRE = "DISPATCH_REQUIRE_BROWSER"
@@ -67,21 +68,8 @@ class WebProcess:
         listen: str = "127.0.0.1:0",
         timeout: float = 60.0,
     ) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "dispatcher.cli.main",
-            "--config",
-            str(config),
-            "--state-dir",
-            str(state),
-            "web",
-            "--listen",
-            listen,
-            *args,
-        ]
         self.proc = subprocess.Popen(
-            argv,
+            dispatch_argv(config, state, "web", "--listen", listen, *args),
             env=dict(env),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -188,22 +176,53 @@ class SseReader:
         self.conn.close()
 
 
+class WebHome:
+    """A config, a state dir and an environment without systemd; the CLI and dashboards on
+    them."""
+
+    def __init__(self, root: Path, config: str) -> None:
+        self.root = root
+        self.config = root / "config.yaml"
+        self.config.write_text(config)
+        self.state = root / "state"
+        self.env = no_bus_env(root)
+
+    def dispatch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``dispatch ARGS`` on this home (a failure fails the test unless ``check=False``)."""
+        return run_dispatch(self.config, self.state, self.env, *args, check=check)
+
+    def json(self, *args: str) -> Any:
+        """``dispatch ARGS --json``, parsed."""
+        return json.loads(self.dispatch(*args, "--json").stdout)
+
+    def add(self, title: str, assignee: str = "echo") -> str:
+        """``dispatch kanban add``; the card's id."""
+        return self.dispatch("kanban", "add", title, "--assignee", assignee).stdout.strip()
+
+    def workspace(self) -> Any:
+        """A board workspace opened as ``dispatch kanban add`` opens one."""
+        from dispatcher.app.workspace import Workspace
+        from dispatcher.config import load_config
+
+        settings = load_config(self.config).settings
+        return Workspace(settings, self.state, environ=self.env, config_path=self.config)
+
+    def add_fast(self, title: str) -> tuple[str, float]:
+        """Add a card the way the CLI does, in this process: its id and the commit's time."""
+        workspace = self.workspace()
+        try:
+            card, _ = workspace.board.add(title, assignee="echo", now=workspace.now())
+            return card.id, time.monotonic()
+        finally:
+            workspace.close()
+
+
 def run_web(
     config: Path, state: Path, env: Mapping[str, str], *args: str, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
     """``dispatch web ARGS`` run to its end (for the start-up errors)."""
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dispatcher.cli.main",
-            "--config",
-            str(config),
-            "--state-dir",
-            str(state),
-            "web",
-            *args,
-        ],
+        dispatch_argv(config, state, "web", *args),
         env=dict(env),
         capture_output=True,
         text=True,
