@@ -14,11 +14,13 @@ with the reason; ``DISPATCH_REQUIRE_BROWSER=1`` (CI) turns that skip into a fail
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import queue
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -171,7 +173,13 @@ class SseReader:
                 return {**event, "data": json.loads(event["data"])}
 
     def close(self) -> None:
-        """Drop the connection."""
+        """Drop the connection (the reading thread ends at once)."""
+        sock = self.conn.sock
+        if sock is not None:
+            # A reader blocked in readline() holds the response's lock until data comes (the
+            # next keep-alive may be 15 s away): shutting the socket down wakes it first.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         self.response.close()
         self.conn.close()
 
