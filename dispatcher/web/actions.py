@@ -3,11 +3,12 @@ and resume the board; pause, resume and run a cron job now.
 
 Each goes through the call the CLI makes (``Board.add`` ... through a workspace opened and
 closed like a ``dispatch kanban`` command's, which pokes the gateway; ``CronJobs`` like
-``dispatch cron``; the registry's ``kill`` like ``dispatch kill``), after
-:func:`~dispatcher.web.guard.check_post`. What destroys (archive, kill, a move that stops a
-live worker) first asks: without ``confirm=yes`` the answer is a confirmation page carrying
-the same form, so it works without JavaScript and never needs a browser dialog. A
-successful action redirects (303) to the form's ``next`` page, which must be a local path.
+``dispatch cron``; the registry's ``kill`` like ``dispatch kill``), after the guard's
+:func:`~dispatcher.web.guard.check_sender` and :func:`~dispatcher.web.guard.check_csrf`. What
+destroys (archive, kill, a move that stops a live worker) first asks: without ``confirm=yes``
+the answer is a confirmation page carrying the same form, so it works without JavaScript and
+never needs a browser dialog. A successful action redirects (303) to the form's ``next`` page,
+which must be a local path.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dispatcher.kanban.errors import BadCard
 from dispatcher.kanban.model import CardEdit
 from dispatcher.web.errors import Conflict, FormError, form_field
 from dispatcher.web.forms import Form, read_form
-from dispatcher.web.guard import check_post
+from dispatcher.web.guard import check_csrf, check_sender
 from dispatcher.web.pages import site_of
 from dispatcher.web.site import Site
 from registry.abc import SessionState
@@ -57,8 +58,9 @@ async def _act(
 ) -> Response:
     """Read and check the form, confirm when asked to, do it, redirect."""
     site = site_of(request)
+    check_sender(request)
     form = await read_form(request)
-    check_post(request, site.keys, action, form.fields)
+    check_csrf(request, site.keys, action, form.fields)
     if ask is not None and not form.confirmed:
         question = await site.run(lambda: _translated(lambda: ask(form)))
         if question is not None:

@@ -66,8 +66,12 @@ async def _cron_stream(request: Request) -> Response:
     def build(site: Site, req: Request) -> dict[str, Any]:
         return pages.cron_context(site, req, job_id)
 
+    def known(site: Site) -> None:
+        if job_id is not None:
+            site.source.cron().check_known(job_id)
+
     return await streams.region(
-        request, f"cron/{job_id}", "cron.html", build, pages.cron_fingerprint, 1.0
+        request, f"cron/{job_id}", "cron.html", build, pages.cron_fingerprint, 1.0, known
     )
 
 

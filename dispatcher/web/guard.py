@@ -15,8 +15,9 @@ In order, for every request:
    ``Cache-Control: no-store`` (pages hold worker output) and ``Server-Timing`` (how long the
    answer took here).
 
-Actions additionally pass :func:`check_post`: same-origin, and the session's CSRF token for
-that form (a bearer request needs none: no browser attaches it on its own).
+Actions additionally pass :func:`check_sender` (same-origin, signed in; before the body is
+read) and :func:`check_csrf` (the session's token for that form; a bearer request needs none:
+no browser attaches that header on its own).
 """
 
 from __future__ import annotations
@@ -199,9 +200,9 @@ def _with_headers(send: Send) -> Send:
     return sending
 
 
-def check_post(request: Request, keys: Keys, action: str, form: Mapping[str, Any]) -> None:
-    """Refuse an action that is cross-site, unauthenticated or without its form's CSRF token
-    (see the module docstring)."""
+def check_sender(request: Request) -> None:
+    """Refuse an action another site sent, or one without the secret (before its body is
+    even read)."""
     site = request.headers.get("sec-fetch-site")
     if site not in (None, "same-origin", "none"):
         raise Refused(403, f"a {site} request may not act on this dashboard", "use its own pages")
@@ -213,14 +214,20 @@ def check_post(request: Request, keys: Keys, action: str, form: Mapping[str, Any
         if parsed.netloc.lower() != request.headers.get("host", "").lower():
             raise Refused(403, f"a request from {origin!r} may not act here", "use its own pages")
     auth: Auth = request.state.auth
-    if auth.bearer:
-        return
-    if auth.nonce is None:
+    if not auth.signed_in:
         raise Refused(
             403,
             "this action needs the dashboard's secret",
             "sign in with the link 'dispatch web' printed (or 'dispatch web --url' prints)",
         )
+
+
+def check_csrf(request: Request, keys: Keys, action: str, form: Mapping[str, Any]) -> None:
+    """Refuse a form without this session's CSRF token for ``action`` (a bearer of the secret
+    needs none: no browser attaches that header on its own)."""
+    auth: Auth = request.state.auth
+    if auth.bearer or auth.nonce is None:
+        return
     problem = keys.csrf_problem(auth.nonce, action, form.get("csrf"))
     if problem is not None:
         raise Refused(403, problem, "reload the page and try again")

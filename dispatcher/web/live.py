@@ -203,6 +203,7 @@ class Hub:
         self._state = _State()
         self._lock = threading.Lock()
         self._memo: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+        self._building: dict[Hashable, asyncio.Task[Any]] = {}
         self._cond: asyncio.Condition | None = None
         self._task: asyncio.Task[None] | None = None
         self._streams = 0
@@ -215,7 +216,7 @@ class Hub:
         """Count one open stream while the block runs; yields the current generation."""
         self._streams += 1
         if self._task is None or self._task.done():
-            await anyio.to_thread.run_sync(self._reset)
+            # No await between the check and the assignment: one task, however many arrive.
             self._task = asyncio.create_task(self._run(), name="dispatch-web-hub")
         try:
             yield self.gen
@@ -270,6 +271,20 @@ class Hub:
                 if watch.users <= 0:
                     self._state.watches.pop(key, None)
 
+    async def shared(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """``build()`` (in a worker thread) once for every stream that asks for ``key``, even
+        when they all ask at the same moment; a stream that goes away meanwhile does not
+        cancel it for the others."""
+        with self._lock:
+            if key in self._memo:
+                return self._memo[key]
+        task = self._building.get(key)
+        if task is None:
+            task = asyncio.create_task(anyio.to_thread.run_sync(self.memo, key, build))
+            self._building[key] = task
+            task.add_done_callback(lambda _: self._building.pop(key, None))
+        return await asyncio.shield(task)
+
     def memo(self, key: Hashable, build: Callable[[], Any]) -> Any:
         """``build()`` once per key for every stream (the last 64 keys are kept)."""
         with self._lock:
@@ -304,6 +319,7 @@ class Hub:
             self._note(err)
 
     async def _run(self) -> None:
+        await anyio.to_thread.run_sync(self._reset)
         while self._streams > 0 and not self.closing:
             try:
                 news = await anyio.to_thread.run_sync(self._look)

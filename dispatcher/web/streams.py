@@ -138,13 +138,18 @@ def _board_since(site: Site, after: int) -> dict[str, Any] | None:
     return board_payload(site, events, events[-1].seq)
 
 
-def _change_payload(site: Site, change: Change) -> dict[str, Any]:
-    def build() -> dict[str, Any]:
-        payload = board_payload(site, change.events, change.seq)
-        payload.update(counts=change.counts, paused=change.paused)
-        return payload
+def _change_message(site: Site, change: Change) -> str:
+    """The ``cards`` message of one change, whole, as every board stream sends it."""
+    payload = board_payload(site, change.events, change.seq)
+    payload.update(counts=change.counts, paused=change.paused)
+    return sse(payload, event="cards", id=str(change.seq))
 
-    return dict(site.hub.memo(("board", change.version), build))
+
+async def _shared_message(site: Site, change: Change) -> str:
+    """:func:`_change_message`, built once for all streams (the others wait for it: no thread,
+    no JSON of their own, only their socket write)."""
+    built = await site.hub.shared(("board", change.version), lambda: _change_message(site, change))
+    return str(built)
 
 
 async def board(request: Request) -> Response:
@@ -180,9 +185,8 @@ async def _board_events(site: Site, after: int) -> AsyncIterator[str]:
             for change in changes:
                 if change.seq < sent:
                     continue  # already covered by a catch-up read after it
-                payload = await site.run(functools.partial(_change_payload, site, change))
                 sent = max(sent, change.seq)
-                yield sse(payload, event="cards", id=str(sent))
+                yield await _shared_message(site, change)
             if hub.problem:
                 yield sse({"problem": hub.problem}, event="problem")
 
@@ -348,10 +352,13 @@ async def region(
     build: Builder,
     fingerprint: Fingerprint,
     interval: float,
+    check: Callable[[Site], object] | None = None,
 ) -> Response:
-    """A stream that re-renders the page's ``live`` block whenever ``fingerprint`` changes."""
+    """A stream that re-renders the page's ``live`` block whenever ``fingerprint`` changes
+    (``check`` raises for a page that does not exist: 404 before the stream starts)."""
     site = pages.site_of(request)
-    await site.run(lambda: build(site, request))  # an unknown job answers 404 here
+    if check is not None:
+        await site.run(lambda: check(site))
     return _respond(_region_events(site, request, key, template, build, fingerprint, interval))
 
 
