@@ -239,6 +239,7 @@ def test_every_answer_carries_the_security_headers(dash: Dash) -> None:
         assert headers["x-content-type-options"] == "nosniff"
         assert headers["referrer-policy"] == "no-referrer"
     assert dash.client.get("/").headers["cache-control"] == "no-store"
+    assert dash.client.get("/static/dispatch.js").headers["cache-control"] == "no-cache"
 
 
 def test_pages_use_no_inline_script_or_style(dash: Dash) -> None:
@@ -327,6 +328,7 @@ def test_a_remote_dashboard_needs_the_secret_for_every_page(
             answer = client.get(path)
             assert answer.status_code == 401, path
             assert answer.headers["www-authenticate"].startswith("Bearer")
+            assert str(board.state) not in answer.text
         assert client.get("/static/dispatch.css").status_code == 200
         bearer = {"authorization": f"Bearer {board.secret}"}
         assert client.get("/metrics", headers=bearer).status_code == 200

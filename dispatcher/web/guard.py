@@ -116,7 +116,7 @@ class Guard:
         if scope["type"] != "http":
             await send({"type": "websocket.close", "code": 1008})
             return
-        send = _with_headers(send)
+        send = _with_headers(send, scope.get("path", ""))
         try:
             response = self._check(scope)
         except Refused as refusal:
@@ -182,8 +182,10 @@ class Guard:
         return response
 
 
-def _with_headers(send: Send) -> Send:
+def _with_headers(send: Send, path: str) -> Send:
     started = time.perf_counter()
+    # Our own script and styles may be kept, but checked again (their ETag) on every page.
+    caching = "no-cache" if path.startswith(PUBLIC_PREFIX) else "no-store"
 
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -191,7 +193,7 @@ def _with_headers(send: Send) -> Send:
             for name, value in HEADERS.items():
                 headers[name] = value
             if "cache-control" not in headers:
-                headers["cache-control"] = "no-store"
+                headers["cache-control"] = caching
             # The time this request took here until its answer began (benchmarks read it).
             elapsed = (time.perf_counter() - started) * 1000
             headers["server-timing"] = f"app;dur={elapsed:.1f}"

@@ -77,7 +77,10 @@ class Site:
             "csrf": self.csrf(request),
             "path": request.url.path,
             "now": time.time(),
-            "state_dir": str(self.state_dir),
+            # Where the state lives is nobody's business before they sign in to a remote one.
+            "state_dir": str(self.state_dir)
+            if auth.signed_in or not self.access.pages_need_secret
+            else "",
             "cluster": self.source.cluster_configured,
             "problem": self.hub.problem,
         }
