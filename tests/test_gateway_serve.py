@@ -9,14 +9,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import run_dispatch
+from tests.support.cli import dispatch_argv, run_dispatch
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,16 +67,7 @@ class Serve:
             env["WATCHDOG_USEC"] = str(watchdog_usec)
         self.stderr = open(self.stderr_path, "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dispatcher.cli.main",
-                "--config",
-                str(self.config),
-                "--state-dir",
-                str(self.state),
-                "serve",
-            ],
+            dispatch_argv(self.config, self.state, "serve"),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,

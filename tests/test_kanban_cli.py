@@ -312,10 +312,11 @@ def test_tick_starts_workers_and_board_reads_reconcile(
         kinds = [e["kind"] for e in doc["events"]]  # type: ignore[union-attr]
         assert kinds[:3] == ["created", "claimed", "spawned"] and kinds[-1] == "completed"
         with open_state(home / "state") as db:
-            session_id = resolve_session_id(db, card_id)
+            store = SqliteBoardStore(db)
+            session_id = resolve_session_id(store, card_id)
             assert session_id == run["session_id"]
-            assert resolve_session_id(db, run["run_id"]) == session_id
-            assert resolve_session_id(db, str(session_id)) is None
+            assert resolve_session_id(store, run["run_id"]) == session_id
+            assert resolve_session_id(store, str(session_id)) is None
         title = "one" if card_id == first else "two"
         code, out, _ = cli("logs", str(session_id))
         if code == 0:  # `dispatch logs` belongs to the registry's CLI

@@ -145,6 +145,7 @@ class CronJobs:
             environ=self.environ,
             state_dir=self.state_dir,
             config_path=self.config_path,
+            ledger=self.ledger,
         )
 
     def _env_warnings(self, plan: JobPlan) -> list[str]:

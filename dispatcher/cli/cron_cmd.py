@@ -17,8 +17,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from dispatcher.app.clusterstate import open_cluster_state
 from dispatcher.app.cronjobs import CronJobs
-from dispatcher.app.database import open_state
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.cron.crontab import parse as parse_crontab
@@ -90,9 +90,9 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 
 def _jobs(ctx: Context) -> CronJobs:
     def ledger() -> Ledger:
-        db = open_state(ctx.state_dir)
-        ctx.on_close(db)
-        return Ledger(db)
+        state = open_cluster_state(ctx.settings, ctx.state_dir, ctx.environ)
+        ctx.on_close(state)
+        return state.ledger
 
     return CronJobs(
         ctx.settings,

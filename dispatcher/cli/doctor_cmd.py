@@ -13,6 +13,7 @@ from typing import Any
 from dispatcher.app.runtime import policy_of
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.gateway.clusterview import cluster_check, cluster_lines
 from dispatcher.gateway.doctor import doctor_report
 from scope import open_scoper
 from scope.systemd import SystemdScoper
@@ -46,6 +47,8 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         degrade_without_scope=settings.kanban.degrade_without_scope,
         extra_units=[Path(p) for p in args.unit],
     )
+    report["cluster"] = cluster_check(settings, ctx.state_dir, ctx.environ)
+    ok = ok and (report["cluster"] is None or bool(report["cluster"]["ok"]))
     if ctx.json:
         ctx.emit_json(report)
     else:
@@ -82,4 +85,10 @@ def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
         ctx.out("remedies:")
         for remedy in report["remedies"]:
             ctx.out(f"  - {remedy}")
+    cluster = report.get("cluster")
+    for line in cluster_lines(cluster):
+        ctx.out(line)
+    if cluster is not None and not cluster["ok"]:
+        ctx.out("unhealthy: this host cannot take its part in the cluster (see above)")
+        return
     ctx.out("healthy: scoped placement works" if ok else "unhealthy: no restart-safe scopes")

@@ -225,7 +225,11 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
     if ctx.json:
-        ctx.emit_json(show_json(card, runs, events))
+        doc = show_json(card, runs, events)
+        hosts = workspace.run_hosts(card_id)
+        for run in doc["runs"]:
+            run["host"] = hosts.get(run["run_id"])
+        ctx.emit_json(doc)
     else:
         for line in show_text(card, runs, events):
             ctx.out(line)
@@ -323,7 +327,7 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     if args.max is not None and args.max < 0:
         raise UsageError(f"--max {args.max}: must not be negative")
     workspace = _workspace(ctx)
-    report = workspace.dispatcher().tick(workspace.now(), max_claims=args.max, dry_run=args.dry_run)
+    report = workspace.tick(max_claims=args.max, dry_run=args.dry_run)
     for warning in report.warnings:
         ctx.warn(f"warning: {warning}")
     if ctx.json:

@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import BinaryIO
 
 from dispatcher.app.runtime import Runtime, runtime_from_context
@@ -146,11 +147,18 @@ def tail_lines(registry: Registry, session_id: str, count: int, end: int) -> byt
     return b"".join(data.splitlines(keepends=True)[-count:])
 
 
-def _session_id(runtime: Runtime, given: str) -> str:
+def _session_id(runtime: Runtime, given: str, environ: Mapping[str, str]) -> str:
     """A kanban card id (its latest run's session) or run id also names a session."""
+    from dispatcher.app.clusterstate import open_cluster_state
     from dispatcher.kanban.lookup import resolve_session_id
+    from dispatcher.kanban.rows import CARD_PREFIX, RUN_PREFIX
 
-    return resolve_session_id(runtime.db, given) or given
+    if not given.strip().startswith((CARD_PREFIX, RUN_PREFIX)):
+        return given  # a session id: the board is not asked
+    with open_cluster_state(
+        runtime.settings, runtime.state_dir, environ, local=runtime.db
+    ) as state:
+        return resolve_session_id(state.board, given) or given
 
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
@@ -159,7 +167,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError(f"--tail {args.tail}: give a number of lines >= 0")
     runtime = runtime_from_context(ctx)
     registry = runtime.registry
-    session = registry.resolve(_session_id(runtime, args.id))
+    session = registry.resolve(_session_id(runtime, args.id, ctx.environ))
     if not os.path.exists(session.log_path):
         ctx.warn(
             f"error: session {session.id} ({session.state.value}): output log "

@@ -25,11 +25,13 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 def handle(args: argparse.Namespace, ctx: Context) -> int:
     """Print the status document."""
     from dispatcher.app.runtime import runtime_from_context
+    from dispatcher.gateway.clusterview import cluster_status
     from dispatcher.gateway.report import status_document
 
     try:
         runtime = runtime_from_context(ctx)
         doc = status_document(runtime, ctx.environ, fires=max(0, args.fires))
+        doc["cluster"] = cluster_status(ctx.settings, ctx.state_dir, ctx.environ)
     except StateError as err:
         _without_database(ctx, err)
         raise
@@ -75,6 +77,8 @@ def _json(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _human(ctx: Context, doc: dict[str, Any]) -> None:
+    from dispatcher.gateway.clusterview import cluster_lines
+
     serve = doc["serve"]
     if serve["running"]:
         ctx.out(f"serve:      running, pid {serve['pid']}, up {_span(serve['uptime'])}")
@@ -94,6 +98,8 @@ def _human(ctx: Context, doc: dict[str, Any]) -> None:
             ctx.out(f"  {iso(fire['at'], fire['zone'])}  {fire['job_id']}")
     else:
         ctx.out("next fires: none")
+    for line in cluster_lines(doc.get("cluster")):
+        ctx.out(line)
     errors = doc["recent_errors"]
     if errors:
         ctx.out("recent errors:")

@@ -104,9 +104,11 @@ class CronScheduler:
         zone_resolver: ZoneResolver | None = None,
         rng: random.Random | None = None,
         wake_interval: float = 30.0,
+        ledger: Ledger | None = None,
     ) -> None:
         self.registry = registry
-        self.ledger = Ledger(db)
+        # Cluster state may live elsewhere than the host's database (dispatcher.app.clusterstate).
+        self.ledger = ledger if ledger is not None else Ledger(db)
         self.clock: Clock = clock or SystemClock()
         # The workers' base environment (and where TZ is read from): the caller's, else ours.
         self.environ = dict(os.environ if environ is None else environ)

@@ -33,16 +33,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dispatcher.app.clusterstate import ClusterState
 from dispatcher.app.runtime import Runtime, open_runtime
 from dispatcher.app.wake import WakeSocket
 from dispatcher.config import load_config
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.waker import CronWaker
 from dispatcher.gateway.lock import ServeLock
+from dispatcher.gateway.member import Alone, open_gateway_state
 from dispatcher.gateway.notify import Notifier
 from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.dispatcher import KanbanDispatcher
-from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.settings import Settings
 from registry.abc import OwnerKind, Session, SessionState
 from registry.errors import StateError
@@ -111,7 +113,10 @@ class Gateway:
         self._cron: CronScheduler | None = None
         self._cron_waker: CronWaker | None = None
         self._kanban: KanbanDispatcher | None = None
-        self._store: SqliteBoardStore | None = None
+        self._store: SqlBoardStore | None = None
+        self._cluster: ClusterState | None = None
+        self._member = Alone(self.clock, BOARD_POLL)
+        """This host in the cluster (dispatcher.gateway.member), or alone on SQLite."""
         self._board_version = -1
         self._ticks = 0
         self._next_safety = self._next_status = self._next_poll = 0.0
@@ -237,24 +242,36 @@ class Gateway:
             protect_gateway=True,
             clock=self.clock,
         )
+        try:
+            # Cluster mode joins here (a duplicate host id ends the start, nothing written).
+            self._cluster, self._member = open_gateway_state(
+                self.settings, self.state_dir, self.environ, runtime, self._nudge, BOARD_POLL
+            )
+        except BaseException:
+            runtime.close()
+            raise
         self._runtime = runtime
-        self._store = SqliteBoardStore(runtime.db)
+        assert self._cluster is not None
+        self._store = self._cluster.board
         self._kanban = self._make_kanban(self.settings)
         runtime.registry.add_finish_listener(self._on_finish)
         self._cron = CronScheduler(
             self.settings.cron,
             runtime.registry,
             runtime.db,
-            clock=self.clock,
+            clock=self._member.db_clock,
             environ=self.environ,
             state_dir=self.state_dir,
             config_path=self.config_path,
+            ledger=self._cluster.ledger,
         )
         self._cron_waker = CronWaker(self._cron)
         self._adopt_at_start(runtime)
+        self._member.start(self._cron)
         runtime.registry.prune()
         self._tick_kanban("start")
-        self._cron_waker.start()
+        if not self._member.cron_refused():
+            self._cron_waker.start()
         self._schedule_from(self.clock.monotonic())
         self.notifier.ready(self._refresh_status())
         log.info(
@@ -300,7 +317,7 @@ class Gateway:
         watchdog = self.notifier.watchdog_interval
         self._next_safety = now + self.settings.serve.safety_tick
         self._next_status = now + STATUS_INTERVAL
-        self._next_poll = now + BOARD_POLL
+        self._next_poll = now + self._member.board_poll
         self._next_watchdog = now + watchdog if watchdog else None
 
     def next_deadline(self) -> float:
@@ -322,10 +339,11 @@ class Gateway:
             self._reload = False
             self._do_reload()
             poked = True
+        poked = self._member.events(self._cron, self._cron_waker) or poked
         finished = self._settle_finished()
         due = now >= self._next_safety
         if now >= self._next_poll:
-            self._next_poll = now + BOARD_POLL
+            self._next_poll = now + self._member.board_poll
             poked = self._board_moved() or poked
         if due:
             self._adopt_strays()
@@ -374,6 +392,8 @@ class Gateway:
     def _settle_finished(self) -> int:
         count = 0
         assert self._kanban is not None
+        if self._member.down():
+            return 0  # they stay queued, and are settled when the database answers again
         while True:
             try:
                 session = self._finished.get_nowait()
@@ -387,6 +407,8 @@ class Gateway:
 
     def _board_moved(self) -> bool:
         assert self._store is not None
+        if self._member.down():
+            return False
         try:
             version = self._store.board_version()
         except StateError as err:
@@ -405,8 +427,11 @@ class Gateway:
 
     def _tick_kanban(self, why: str) -> None:
         assert self._kanban is not None
+        if self._member.down():
+            return
         try:
-            report = self._kanban.tick(self.clock.time())
+            room = self._member.claim_room(self.settings.kanban, self.clock.monotonic())
+            report = self._kanban.tick(self.clock.time(), max_claims=room)
         except StateError as err:
             self._state_trouble(err)
             return
@@ -430,7 +455,7 @@ class Gateway:
             self.notifier.ready(self._refresh_status())
             return
         new = loaded.settings
-        for section in ("scope", "registry", "serve"):
+        for section in ("scope", "registry", "serve", "cluster"):
             if getattr(new, section) != getattr(self.settings, section):
                 log.warning("reload: changes to %s: take effect after a restart", section)
         new = replace(
@@ -438,6 +463,7 @@ class Gateway:
             scope=self.settings.scope,
             registry=self.settings.registry,
             serve=self.settings.serve,
+            cluster=self.settings.cluster,
         )
         self.settings = new
         assert self._cron is not None
@@ -458,6 +484,7 @@ class Gateway:
                 log.error("stopping cron: %s", err)
             except Exception:
                 log.exception("stopping cron failed")
+        self._member.stop()
         runtime = self._runtime
         if runtime is None:
             return
@@ -485,6 +512,8 @@ class Gateway:
         except Exception:
             log.exception("final bookkeeping failed")
         finally:
+            if self._cluster is not None:
+                self._cluster.close()  # the cluster database's pool (nothing for a single host)
             runtime.close()
             self._runtime = None
 
@@ -507,7 +536,8 @@ class Gateway:
         assert self._runtime is not None and self._store is not None
         running = self._runtime.registry.list_sessions()
         by_kind: dict[str, int] = collections.Counter(s.owner.kind for s in running)
-        cards = {status.value: n for status, n in self._store.status_counts().items()}
+        counts = {} if self._member.down() else self._store.status_counts()
+        cards = {status.value: n for status, n in counts.items()}
         return {"workers": dict(by_kind), "cards": cards}
 
     def _refresh_status(self, *, stopping: bool = False) -> str:
@@ -540,11 +570,13 @@ class Gateway:
             log.error("cannot write the status file: %s", err)
         workers = sum(counts["workers"].values())
         cards = counts["cards"]
-        return (
+        line = (
             f"{workers} workers; cards ready {cards.get('ready', 0)}, running "
             f"{cards.get('running', 0)}, blocked {cards.get('blocked', 0)}; placement cron "
             f"{placement['cron']}, kanban {placement['kanban']}"
         )
+        note = self._member.note()
+        return line if note is None else f"{note}; {line}"
 
 
 def _raise_fd_limit() -> None:

@@ -34,13 +34,18 @@ class ServeStatus:
 
 def write_status(state_dir: Path, status: ServeStatus) -> None:
     """Replace the status file atomically."""
-    data = json.dumps(asdict(status), indent=1).encode()
-    fd, temp = tempfile.mkstemp(prefix=".serve-", suffix=".json", dir=state_dir)
+    write_document(state_dir, STATUS_NAME, asdict(status))
+
+
+def write_document(state_dir: Path, name: str, document: dict[str, Any]) -> None:
+    """Replace the JSON file ``name`` in the state dir atomically (mode 0600)."""
+    data = json.dumps(document, indent=1).encode()
+    fd, temp = tempfile.mkstemp(prefix=f".{Path(name).stem}-", suffix=".json", dir=state_dir)
     try:
         # mkstemp made the file 0600; the rename makes the update atomic for readers.
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        os.replace(temp, Path(state_dir) / STATUS_NAME)
+        os.replace(temp, Path(state_dir) / name)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise

@@ -52,6 +52,8 @@ class ClaimVerdict(enum.StrEnum):
     """The assignee's ``max_in_progress`` reached."""
     HOST_BUDGET = "host_budget"
     """Cluster mode: this host's ``kanban.max_in_progress_per_host`` reached."""
+    NO_LEASE = "no_lease"
+    """Cluster mode: this host holds no live lease at the epoch it claims under."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -61,7 +61,14 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
     runs = store.open_runs()
     counts = store.status_counts()
     kanban = source.settings.kanban
-    tiles = views.tiles(shown, runs, local_host=source.host_id, failure_limit=kanban.failure_limit)
+    running = [c.id for c in shown if c.current_run_id]
+    tiles = views.tiles(
+        shown,
+        runs,
+        local_host=source.host_id,
+        failure_limit=kanban.failure_limit,
+        hosts=source.run_hosts(running) if source.cluster_configured else None,
+    )
     context = site.context(request, title="Board", nav="board", stream=f"/live/board?after={seq}")
     context.update(
         columns=views.columns(tiles, counts, done_offset=done_offset),
@@ -143,6 +150,7 @@ def card_context(
     if session is not None:
         stream += f"&session={session.id}&offset={log_offset}"
     current = next((r for r in runs if r.run_id == card.current_run_id), None)
+    hosts = source.run_hosts([card.id])
     context = site.context(request, title=card.title, nav="board", stream=stream)
     context.update(
         card=card,
@@ -150,7 +158,7 @@ def card_context(
             {
                 "run": run,
                 "duration": views.run_duration(run, now),
-                "host": views.run_host(run, source.host_id),
+                "host": views.run_host(run, hosts, source.host_id),
             }
             for run in reversed(runs)
         ],

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +59,6 @@ class Source:
         )
         self._runtime: Runtime | None = None
         self._lock = threading.RLock()
-        self._cluster: Any = None
         self._doctor: tuple[float, dict[str, Any]] | None = None
         self.host_id = settings.cluster.effective_host_id()
 
@@ -117,8 +116,8 @@ class Source:
         return report
 
     def ledger(self) -> Ledger:
-        """The cron ledger the CLI's ``dispatch cron`` reads."""
-        return Ledger(self.reader.db)
+        """The cron ledger, wherever cluster state lives (as ``dispatch cron`` reads it)."""
+        return self.reader.cluster.ledger
 
     def cron(self) -> CronJobs:
         """The configured cron jobs over the ledger."""
@@ -126,18 +125,20 @@ class Source:
 
     @property
     def cluster_configured(self) -> bool:
-        """Whether ``cluster.database`` (or ``DISPATCH_DATABASE_URL``) names a database."""
-        return self.settings.cluster.url(self.environ) is not None
+        """Whether cluster state is in a cluster database (``cluster.database``)."""
+        return self.reader.cluster.clustered
 
     def hosts(self) -> list[HostRow]:
         """The cluster's hosts (cluster mode only; see :attr:`cluster_configured`)."""
-        from dispatcher.cluster.hosts import Hosts
+        hosts = self.reader.cluster.hosts
+        return [] if hosts is None else hosts.rows()
 
-        with self._lock:
-            if self._cluster is None:
-                self._cluster = _open_cluster(self.settings, self.environ)
-            hosts = Hosts(self._cluster, lease_ttl=self.settings.cluster.lease_ttl)
-        return hosts.rows()
+    def run_hosts(self, card_ids: Iterable[str]) -> dict[str, str | None]:
+        """The host of each run of these cards (cluster mode; empty for a single host)."""
+        found: dict[str, str | None] = {}
+        for card_id in card_ids:
+            found.update(self.reader.cluster.run_hosts(card_id))
+        return found
 
     # -- actions -----------------------------------------------------------------------------
 
@@ -174,18 +175,5 @@ class Source:
             try:
                 if self._runtime is not None:
                     self._runtime.close()
-                if self._cluster is not None:
-                    self._cluster.close()
             finally:
                 self.reader.close()
-
-
-def _open_cluster(settings: Settings, environ: Mapping[str, str]) -> Any:
-    """A one-connection pool to the cluster database, as ``dispatch hosts`` opens it."""
-    from dispatcher.cluster.database import ClusterDB, password_from_file
-
-    cluster = settings.cluster
-    url = cluster.url(environ)
-    assert url is not None
-    secret = password_from_file(Path(cluster.password_file)) if cluster.password_file else None
-    return ClusterDB(url, password=secret, max_size=1, application_name="dispatch web")

@@ -104,11 +104,13 @@ def board_payload(site: Site, events: tuple[Event, ...] | list[Event], seq: int)
             except NotFoundError:
                 continue
     shown = [c for c in found if c.status is not CardStatus.ARCHIVED]
+    running = [c.id for c in shown if c.current_run_id]
     tiles = views.tiles(
         shown,
         store.open_runs(),
         local_host=source.host_id,
         failure_limit=source.settings.kanban.failure_limit,
+        hosts=source.run_hosts(running) if source.cluster_configured else None,
     )
     now = time.time()
     return {

@@ -71,14 +71,14 @@ def rank(card: Card) -> str:
     return f"{_PRIORITY_SPAN - priority:013d}{card.created_at:020.6f}{card.id}"
 
 
-def run_host(run: Run, local: str) -> str:
-    """The host a run was claimed on: a cluster run records it, otherwise it is this one."""
-    recorded = getattr(run, "host_id", None)
-    return str(recorded) if recorded else local
+def run_host(run: Run, hosts: Mapping[str, str | None], local: str) -> str:
+    """The host a run was claimed on: in cluster mode as ``hosts`` (run id -> host) records
+    it, otherwise this one."""
+    return hosts.get(run.run_id) or local
 
 
-def tile(card: Card, run: Run | None, *, local_host: str, failure_limit: int) -> Tile:
-    """A card as the board shows it (``run``: its open run, if any)."""
+def tile(card: Card, run: Run | None, *, host: str | None, failure_limit: int) -> Tile:
+    """A card as the board shows it (``run``: its open run, if any, claimed on ``host``)."""
     return Tile(
         id=card.id,
         title=card.title,
@@ -93,25 +93,27 @@ def tile(card: Card, run: Run | None, *, local_host: str, failure_limit: int) ->
         block_kind=card.block_kind.value if card.block_kind else None,
         run_id=run.run_id if run else None,
         placement=run.placement if run else None,
-        host=run_host(run, local_host) if run else None,
+        host=host if run else None,
         rank=rank(card),
     )
 
 
 def tiles(
-    cards: Iterable[Card], runs: Iterable[Run], *, local_host: str, failure_limit: int
+    cards: Iterable[Card],
+    runs: Iterable[Run],
+    *,
+    local_host: str,
+    failure_limit: int,
+    hosts: Mapping[str, str | None] | None = None,
 ) -> list[Tile]:
-    """Tiles for ``cards``, each with its open run among ``runs``."""
+    """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host)."""
     open_runs = {run.run_id: run for run in runs if run.open}
-    return [
-        tile(
-            card,
-            open_runs.get(card.current_run_id or ""),
-            local_host=local_host,
-            failure_limit=failure_limit,
-        )
-        for card in cards
-    ]
+    found = []
+    for card in cards:
+        run = open_runs.get(card.current_run_id or "")
+        host = run_host(run, hosts or {}, local_host) if run else None
+        found.append(tile(card, run, host=host, failure_limit=failure_limit))
+    return found
 
 
 def columns(

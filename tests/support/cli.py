@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def dispatch_argv(config: Path, state: Path, *args: str) -> list[str]:
-    """The command line of this checkout's ``dispatch --config CONFIG --state-dir STATE ARGS``."""
+    """The argv of ``dispatch --config CONFIG --state-dir STATE ARGS`` from this checkout."""
     return [
         sys.executable,
         "-m",
