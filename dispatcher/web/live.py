@@ -206,6 +206,7 @@ class Hub:
         self._building: dict[Hashable, asyncio.Task[Any]] = {}
         self._cond: asyncio.Condition | None = None
         self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
         self._streams = 0
         self.closing = False
 
@@ -217,8 +218,12 @@ class Hub:
         self._streams += 1
         if self._task is None or self._task.done():
             # No await between the check and the assignment: one task, however many arrive.
-            self._task = asyncio.create_task(self._run(), name="dispatch-web-hub")
+            self._ready = asyncio.Event()
+            self._task = asyncio.create_task(self._run(self._ready), name="dispatch-web-hub")
         try:
+            # A stream reads what it missed from the store only after the hub took its own
+            # starting point: whatever commits in between is in both, never in neither.
+            await self._ready.wait()
             yield self.gen
         finally:
             self._streams -= 1
@@ -318,8 +323,11 @@ class Hub:
         except Exception as err:  # an unusable database: the next look reports it
             self._note(err)
 
-    async def _run(self) -> None:
-        await anyio.to_thread.run_sync(self._reset)
+    async def _run(self, ready: asyncio.Event) -> None:
+        try:
+            await anyio.to_thread.run_sync(self._reset)
+        finally:
+            ready.set()
         while self._streams > 0 and not self.closing:
             try:
                 news = await anyio.to_thread.run_sync(self._look)
