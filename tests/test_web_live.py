@@ -236,5 +236,6 @@ def test_a_state_dir_of_another_user_gives_the_clis_error(home: Home) -> None:
         web = run_web(home.config, home.state, home.env, "--listen", "127.0.0.1:0")
         assert web.returncode == cli.returncode != 0
         assert web.stderr == cli.stderr and len(web.stderr.splitlines()) == 1
+        assert not (home.state / "web-secret").exists()  # nothing written into it
     finally:
         os.chown(home.state, 0, 0)

@@ -75,13 +75,14 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
 
     listen = parse_listen(args.listen)
     check_remote(listen, args.allow_remote)
-    settings = ctx.settings
+    # The state is opened (and so checked: ours, private, readable) before anything is
+    # written into the state dir, the secret included.
+    source = Source(ctx.settings, ctx.state_dir, ctx.environ, config_path=ctx.config_path)
+    ctx.on_close(source)
     secret = load_secret(ctx.state_dir)
     if args.url:
         ctx.out(f"{listen.origin()}/?token={secret}")
         return 0
-    source = Source(settings, ctx.state_dir, ctx.environ, config_path=ctx.config_path)
-    ctx.on_close(source)
     sock = bind(listen)
     port = int(sock.getsockname()[1])
     origin = listen.origin(port)
