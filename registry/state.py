@@ -267,9 +267,20 @@ class StateDB:
     def _connect(self) -> sqlite3.Connection:
         try:
             # Create the file ourselves so it is 0600 from the first byte; SQLite gives the
-            # -wal and -shm files the same mode as the database file.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            # -wal and -shm files the same mode as the database file. An existing file is
+            # never opened here: closing any descriptor of the file would drop every POSIX
+            # lock this process holds on it, so another connection of this process (dispatch
+            # web's long-lived reader) would lose its locks and another process could
+            # checkpoint and truncate the WAL under it, which corrupts the database.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             os.close(fd)
+        except FileExistsError:
+            if not os.access(self.path, os.R_OK | os.W_OK):
+                raise StateError(
+                    "cannot open: Permission denied",
+                    path=str(self.path),
+                    remedy="check the --state-dir permissions",
+                ) from None
         except OSError as err:
             raise StateError(
                 f"cannot open: {err.strerror}",

@@ -147,7 +147,10 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
         ("dispatcher.app", "dispatcher.settings", "dispatcher.config", "dispatcher.configdoc"),
     ),
     ("gateway", 5, ("dispatcher.gateway",)),
-    ("cli", 6, ("dispatcher.cli",)),
+    # dispatch web reads what dispatch status and doctor read (gateway/report.py, doctor.py)
+    # and is never imported by the gateway: it stays out of the dispatch path.
+    ("web", 6, ("dispatcher.web",)),
+    ("cli", 7, ("dispatcher.cli",)),
 )
 _RANK = {layer: rank for layer, rank, _ in DISPATCHER_LAYERS}
 

@@ -146,3 +146,27 @@ def test_concurrent_processes_never_see_database_locked(tmp_path: Path) -> None:
     assert not errors, errors
     with StateDB(path, [V1]) as db, db.read() as conn:
         assert conn.execute("SELECT count(*) FROM items").fetchone()[0] == 800
+
+
+def test_opening_an_existing_database_never_opens_its_file_outside_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Closing any descriptor of a database file drops every POSIX lock the process holds on
+    # it: a second connection opened beside a long-lived one (dispatch web's reader) must not
+    # do that, or another process may checkpoint and truncate the WAL under the first.
+    first = StateDB.in_dir(tmp_path, [V1])
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording(path: object, *args: object, **kwargs: object) -> int:
+        fd = real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+        opened.append(os.fspath(path))  # type: ignore[arg-type]  # a descriptor was made
+        return fd
+
+    monkeypatch.setattr(os, "open", recording)
+    with first.read() as conn:
+        conn.execute("SELECT 1").fetchone()
+        second = StateDB.in_dir(tmp_path, [V1])
+    second.close()
+    first.close()
+    assert str(tmp_path / "state.db") not in opened

@@ -12,6 +12,7 @@ Layers inside dispatcher/, lowest first (tests/test_layout.py checks every impor
 function-local ones and ``import_module`` calls)::
 
     cli                   dispatch commands
+    web                   dispatch web (the dashboard)
     gateway               dispatch serve
     app                   this package + settings, config, configdoc
     cron   kanban         policies; neither imports the other

@@ -15,27 +15,27 @@ import datetime as dt
 import signal
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.app.clusterstate import open_cluster_state
+from dispatcher.app.cronjobs import CronJobs
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from dispatcher.cron.crontab import parse as parse_crontab
-from dispatcher.cron.launcher import FireRunner
-from dispatcher.cron.ledger import FireRecord, Ledger, Status
-from dispatcher.cron.plan import JobPlan, job_active, plan_job
-from dispatcher.cron.report import iso_in, job_entry, known_job_entry, row_entry
+from dispatcher.cron.ledger import FireRecord, Ledger
+from dispatcher.cron.report import iso_in, row_entry
 from dispatcher.cron.timeline import CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
-from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.failure import WorkerSetupError
+from dispatcher.gateway.statusfile import scheduler_zone
 from dispatcher.launch.outcome import Outcome
-from dispatcher.launch.setup import Workplace
 from dispatcher.timefmt import TimeView
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
-from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.errors import UsageError
 from scope.foundation.schema import format_duration
+
+if TYPE_CHECKING:
+    from dispatcher.app.runtime import Runtime
 
 MAX_COUNT = 1000
 _EPOCH_KEYS = ("next_fire_at", "last_fire_at")
@@ -90,70 +90,35 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _plans(ctx: Context) -> dict[str, JobPlan]:
-    host = _scheduler_zone(ctx)
-    return {job.id: plan_job(job, host) for job in ctx.settings.cron.jobs}
+def _jobs(ctx: Context) -> CronJobs:
+    """The configured jobs over the chosen ledger (the same code the web dashboard uses)."""
 
+    def ledger() -> Ledger:
+        state = open_cluster_state(ctx.settings, ctx.state_dir, ctx.environ)
+        ctx.on_close(state)
+        return state.ledger
 
-def _scheduler_zone(ctx: Context) -> str:
-    """The zone a job without ``timezone`` fires in: the running gateway's (from its status
-    file), else the system's; never this command's own ``TZ``."""
-    from dispatcher.gateway.lock import read_holder
-    from dispatcher.gateway.statusfile import read_status
-
-    holder = read_holder(ctx.state_dir)
-    status = read_status(ctx.state_dir) if holder else None
-    if status is not None and holder is not None and status.pid == holder.pid and status.host_zone:
-        return status.host_zone
-    return host_zone_name({})
-
-
-def _plan(ctx: Context, job_id: str) -> JobPlan:
-    plans = _plans(ctx)
-    if job_id not in plans:
-        known = ", ".join(sorted(plans)) or "none configured"
-        raise NotFoundError("cron job", job_id, remedy=f"known jobs: {known}")
-    return plans[job_id]
-
-
-def _ledger(ctx: Context) -> Ledger:
-    state = open_cluster_state(ctx.settings, ctx.state_dir, ctx.environ)
-    ctx.on_close(state)
-    return state.ledger
-
-
-def _settle_open(ctx: Context, ledger: Ledger) -> None:
-    """Record outcomes of fires whose worker ended while no scheduler was watching (a
-    ``cron run`` without ``--wait``, a scheduler that is down). Not while the config is broken
-    (a read-only view): settling applies each job's configured policies."""
-    if ctx.config_problem is not None:
-        return
-    if not ledger.open_rows((Status.RUNNING, Status.CLAIMED, Status.SPAWNING)):
-        return
-    from dispatcher.app.runtime import runtime_from_context
-
-    runtime = runtime_from_context(ctx, caller_kind=CallerKind.CRON)
-    runner = FireRunner(
+    return CronJobs(
+        ctx.settings,
         ledger,
-        runtime.registry,
         environ=ctx.environ,
         state_dir=ctx.state_dir,
-        claimant=Claimant.current(instance=True).token(),
-        clock=SystemClock().time,
         config_path=ctx.config_path,
+        host_zone=scheduler_zone(ctx.state_dir),
     )
-    runner.reconcile({job.id: job for job in ctx.settings.cron.jobs})
 
 
-def _env_warnings(ctx: Context, plan: JobPlan) -> list[str]:
-    if not plan.job.env_file:
-        return []
-    workplace = Workplace(state_dir=ctx.state_dir, config_path=ctx.config_path, environ={})
-    try:
-        workplace.read_env_file(plan.job.env_file)
-    except WorkerSetupError as err:
-        return [err.message]
-    return []
+def _settle_open(ctx: Context, jobs: CronJobs) -> None:
+    """Settle fires whose worker ended unseen; not while the config is broken (a read-only
+    view: settling applies each job's configured policies)."""
+    if ctx.config_problem is None:
+        jobs.settle_open(lambda: _runtime(ctx))
+
+
+def _runtime(ctx: Context, *, follow: bool = False) -> Runtime:
+    from dispatcher.app.runtime import runtime_from_context
+
+    return runtime_from_context(ctx, caller_kind=CallerKind.CRON, follow=follow)
 
 
 # -- list ------------------------------------------------------------------------------------
@@ -161,27 +126,17 @@ def _env_warnings(ctx: Context, plan: JobPlan) -> list[str]:
 
 def handle_list(args: argparse.Namespace, ctx: Context) -> int:
     """``dispatch cron list``."""
-    plans = _plans(ctx)
-    ledger = _ledger(ctx)
-    _settle_open(ctx, ledger)
-    states = ledger.job_states()
-    last = ledger.last_rows()
+    jobs = _jobs(ctx)
+    _settle_open(ctx, jobs)
     times = ctx.times()
-    entries = []
-    for plan in plans.values():
-        state = states.get(plan.job.id)
-        upcoming = None
-        if job_active(plan.job, state):
-            found = plan.schedule.next_instants(times.now, 1)
-            upcoming = found[0] if found else None
-        warnings = _env_warnings(ctx, plan)
-        for warning in warnings:
-            ctx.warn(f"cron job {plan.job.id!r}: {warning}")
-        entries.append(job_entry(plan, state, upcoming, last.get(plan.job.id), warnings))
+    views = jobs.views(times.now)
+    for view in views:
+        for warning in view.warnings:
+            ctx.warn(f"cron job {view.plan.job.id!r}: {warning}")
+    entries = [view.entry for view in views]
     if ctx.config_problem is not None:
         # The file is broken: show what the ledger knows about the jobs it has seen.
-        for job_id in sorted((set(states) | set(last)) - set(plans)):
-            entries.append(known_job_entry(job_id, states.get(job_id), last.get(job_id)))
+        entries += jobs.unconfigured_entries()
     if ctx.json:
         # The epoch copies are for the table; JSON carries ISO-8601 only.
         ctx.emit_json([{k: v for k, v in e.items() if k not in _EPOCH_KEYS} for e in entries])
@@ -253,7 +208,7 @@ def handle_next(args: argparse.Namespace, ctx: Context) -> int:
     else:
         if args.tz is not None:
             raise UsageError("--tz applies to --expr only; a job uses its own timezone")
-        plan = _plan(ctx, args.job_id)
+        plan = _jobs(ctx).plan(args.job_id)
         schedule, zone_name = plan.schedule, plan.zone
     start = _parse_from(args.start, zone_name) if args.start else SystemClock().time()
     instants = schedule.next_instants(start, args.count)
@@ -293,8 +248,7 @@ def handle_resume(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
-    _plan(ctx, args.job_id)
-    changed = _ledger(ctx).set_paused(args.job_id, paused, SystemClock().time())
+    changed = _jobs(ctx).set_paused(args.job_id, paused, SystemClock().time())
     if ctx.json:
         ctx.emit_json({"id": args.job_id, "paused": paused, "changed": changed})
         return 0
@@ -310,13 +264,11 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
     """``dispatch cron history``."""
     if args.limit < 1:
         raise UsageError(f"--limit must be at least 1, got {args.limit}")
-    ledger = _ledger(ctx)
+    jobs = _jobs(ctx)
     if args.job_id is not None:
-        configured = {job.id for job in ctx.settings.cron.jobs}
-        if args.job_id not in configured and not ledger.known_job(args.job_id):
-            raise NotFoundError("cron job", args.job_id, remedy="see 'dispatch cron list'")
-    _settle_open(ctx, ledger)
-    rows = ledger.history(args.job_id, args.limit)
+        jobs.check_known(args.job_id)
+    _settle_open(ctx, jobs)
+    rows = jobs.ledger.history(args.job_id, args.limit)
     if ctx.json:
         ctx.emit_json([row_entry(row) for row in rows])
         return 0
@@ -350,20 +302,10 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
 
 def handle_run(args: argparse.Namespace, ctx: Context) -> int:
     """``dispatch cron run JOB_ID [--wait]``."""
-    _plan(ctx, args.job_id)
-    from dispatcher.app.runtime import runtime_from_context
-    from dispatcher.cron.scheduler import CronScheduler
-
-    runtime = runtime_from_context(ctx, caller_kind=CallerKind.CRON, follow=True)
-    scheduler = CronScheduler(
-        ctx.settings.cron,
-        runtime.registry,
-        runtime.db,
-        environ=ctx.environ,
-        state_dir=ctx.state_dir,
-        config_path=ctx.config_path,
-        ledger=_ledger(ctx),
-    )
+    jobs = _jobs(ctx)
+    jobs.plan(args.job_id)
+    runtime = _runtime(ctx, follow=True)
+    scheduler = jobs.scheduler(runtime)
     record = scheduler.run_now(args.job_id)
     if record.session_id is None or not args.wait:
         _report_run(ctx, record)

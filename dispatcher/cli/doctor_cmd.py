@@ -14,9 +14,8 @@ from dispatcher.app.runtime import policy_of
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
 from dispatcher.gateway.clusterview import cluster_check, cluster_lines
-from dispatcher.gateway.units import units_report
+from dispatcher.gateway.doctor import doctor_report
 from scope import open_scoper
-from scope.doctor import diagnose, healthy
 from scope.systemd import SystemdScoper
 
 EXIT_OK = 0
@@ -42,18 +41,12 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     scoper = open_scoper(settings.scope, policy_of(settings), environ=ctx.environ)
     ctx.on_close(scoper)
     assert isinstance(scoper, SystemdScoper)
-    report = diagnose(scoper)
-    ok = healthy(report)
-    report["units"] = units_report(
+    report, ok = doctor_report(
+        scoper,
         ctx.environ,
         degrade_without_scope=settings.kanban.degrade_without_scope,
-        extra=[Path(p) for p in args.unit],
+        extra_units=[Path(p) for p in args.unit],
     )
-    booted = report["system"]["booted_with_systemd"]
-    for unit in report["units"] if booted else ():
-        for remedy in unit["remedies"]:
-            if remedy not in report["remedies"]:
-                report["remedies"].append(remedy)
     report["cluster"] = cluster_check(settings, ctx.state_dir, ctx.environ)
     ok = ok and (report["cluster"] is None or bool(report["cluster"]["ok"]))
     if ctx.json:

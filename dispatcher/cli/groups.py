@@ -22,6 +22,7 @@ GROUPS: dict[str, str] = {
     "kanban": "Kanban board: add, list, show, edit, tick, complete, block, board, ...",
     "hosts": "Cluster mode: the hosts sharing the cluster database, their leases and skew.",
     "state": "State database: check its integrity, back it up, restore a backup.",
+    "web": "Serve the live dashboard (board, runs, logs, cron, sessions, hosts) and /metrics.",
     "completion": "Print the shell completion hook for bash, zsh or fish.",
     "manpage": "Print the dispatch(1) man page.",
 }

@@ -455,6 +455,24 @@ class Ledger(LedgerStore):
                 return removed
             after = rows[-1][0]
 
+    def fire_lags(self) -> list[float]:
+        """Seconds from due to started of every scheduled fire that started (retained rows)."""
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT actual - due_at FROM cron_fires WHERE kind = 'schedule'"
+                " AND actual IS NOT NULL AND due_at IS NOT NULL"
+            ).fetchall()
+        return [max(0.0, float(row[0])) for row in rows]
+
+    def outcome_counts(self) -> dict[tuple[str, str], int]:
+        """Decided fires by (job id, outcome), over the retained rows."""
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT job_id, outcome, count(*) FROM cron_fires WHERE outcome IS NOT NULL"
+                " GROUP BY job_id, outcome"
+            ).fetchall()
+        return {(str(row[0]), str(row[1])): int(row[2]) for row in rows}
+
     def known_job(self, job_id: str) -> bool:
         """Whether the ledger has any row or state for ``job_id``."""
         with self.db.read() as conn:

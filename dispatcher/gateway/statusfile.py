@@ -69,3 +69,15 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def scheduler_zone(state_dir: Path) -> str | None:
+    """The zone the running gateway fires jobs without ``timezone`` in (from its status file,
+    when the status is that gateway's), else None."""
+    from dispatcher.gateway.lock import read_holder
+
+    holder = read_holder(state_dir)
+    status = read_status(state_dir) if holder else None
+    if status is not None and holder is not None and status.pid == holder.pid:
+        return status.host_zone or None
+    return None

@@ -34,7 +34,7 @@ from dispatcher.kanban.model import (
     Run,
 )
 from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.outcome import Result
+from dispatcher.launch.outcome import Outcome, Result
 
 
 class ClaimVerdict(enum.StrEnum):
@@ -95,8 +95,14 @@ class BoardStore(abc.ABC):
         statuses: Sequence[CardStatus] | None = None,
         assignee: str | None = None,
         include_archived: bool = False,
+        limit: int | None = None,
     ) -> list[Card]:
-        """Cards by priority (highest first), then age (oldest first)."""
+        """Cards by priority (highest first), then age (oldest first); the first ``limit``."""
+
+    @abc.abstractmethod
+    def done_cards(self, *, offset: int = 0, limit: int = 50) -> list[Card]:
+        """One page of ``done`` cards, most recently completed first (then by id): what a
+        board shows of a done column that keeps growing."""
 
     @abc.abstractmethod
     def edit_card(self, card_id: str, edit: CardEdit, *, now: float) -> Card:
@@ -124,6 +130,15 @@ class BoardStore(abc.ABC):
     @abc.abstractmethod
     def events_of(self, card_id: str) -> list[Event]:
         """The card's events in order."""
+
+    @abc.abstractmethod
+    def events_after(self, seq: int, *, limit: int = 500) -> list[Event]:
+        """Board-wide events with a sequence number above ``seq``, in order, at most ``limit``
+        (readers follow the board by asking again from the last one they saw)."""
+
+    @abc.abstractmethod
+    def last_event_seq(self) -> int:
+        """The sequence number of the newest event (0 on an empty board)."""
 
     @abc.abstractmethod
     def append_event(
@@ -236,3 +251,7 @@ class BoardStore(abc.ABC):
     @abc.abstractmethod
     def status_counts(self) -> dict[CardStatus, int]:
         """How many cards are in each status."""
+
+    @abc.abstractmethod
+    def outcome_counts(self) -> dict[tuple[Outcome, bool], int]:
+        """How many closed runs ended with each (outcome, infrastructure flag)."""

@@ -30,7 +30,7 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.kanban.rows import CARD_FIELDS, CARD_PREFIX, RUN_PREFIX, new_id
 from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.outcome import Result
+from dispatcher.launch.outcome import Outcome, Result
 from registry.errors import AmbiguousId
 from scope.foundation.errors import NotFoundError
 
@@ -161,6 +161,7 @@ class MemoryBoardStore(BoardStore):
         statuses: Sequence[CardStatus] | None = None,
         assignee: str | None = None,
         include_archived: bool = False,
+        limit: int | None = None,
     ) -> list[Card]:
         def wanted(card: Card) -> bool:
             if statuses:
@@ -172,7 +173,14 @@ class MemoryBoardStore(BoardStore):
 
         with self._lock:
             cards = [c for c in self._cards.values() if wanted(c)]
-        return sorted(cards, key=_board_order)
+        ordered = sorted(cards, key=_board_order)
+        return ordered if limit is None else ordered[: max(0, limit)]
+
+    def done_cards(self, *, offset: int = 0, limit: int = 50) -> list[Card]:
+        with self._lock:
+            done = [c for c in self._cards.values() if c.status is CardStatus.DONE]
+        done.sort(key=lambda c: (-(c.completed_at or 0), c.id))
+        return done[max(0, offset) : max(0, offset) + max(0, limit)]
 
     def edit_card(self, card_id: str, edit: CardEdit, *, now: float) -> Card:
         with self._lock:
@@ -203,6 +211,15 @@ class MemoryBoardStore(BoardStore):
     def events_of(self, card_id: str) -> list[Event]:
         with self._lock:
             return [e for e in self._events if e.card_id == card_id]
+
+    def events_after(self, seq: int, *, limit: int = 500) -> list[Event]:
+        with self._lock:
+            # Sequence numbers are list positions + 1.
+            return self._events[max(seq, 0) : max(seq, 0) + max(limit, 0)]
+
+    def last_event_seq(self) -> int:
+        with self._lock:
+            return len(self._events)
 
     def append_event(
         self,
@@ -428,6 +445,15 @@ class MemoryBoardStore(BoardStore):
         with self._lock:
             for card in self._cards.values():
                 counts[card.status] += 1
+        return counts
+
+    def outcome_counts(self) -> dict[tuple[Outcome, bool], int]:
+        counts: dict[tuple[Outcome, bool], int] = {}
+        with self._lock:
+            for run in self._runs.values():
+                if run.outcome is not None:
+                    key = (run.outcome, run.infrastructure)
+                    counts[key] = counts.get(key, 0) + 1
         return counts
 
 

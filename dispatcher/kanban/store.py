@@ -46,7 +46,7 @@ from dispatcher.kanban.sql import (
     SqlDatabase,
 )
 from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.outcome import Result
+from dispatcher.launch.outcome import Outcome, Result
 from registry.state import StateDB
 from scope.foundation.errors import NotFoundError
 
@@ -117,6 +117,7 @@ class SqlBoardStore(SqlBoard):
         statuses: Sequence[CardStatus] | None = None,
         assignee: str | None = None,
         include_archived: bool = False,
+        limit: int | None = None,
     ) -> list[Card]:
         clauses: list[str] = []
         params: list[Any] = []
@@ -129,13 +130,26 @@ class SqlBoardStore(SqlBoard):
             clauses.append("assignee = ?")
             params.append(assignee)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        if limit is not None:
+            params.append(max(0, limit))
         with self.db.read() as conn:
             rows = conn.execute(
                 f"SELECT {CARD_COLUMNS} FROM kanban_cards{where}"  # noqa: S608 - built above
-                " ORDER BY priority DESC, created_at, id",
+                " ORDER BY priority DESC, created_at, id"
+                + (" LIMIT ?" if limit is not None else ""),
                 params,
             ).fetchall()
             parents = self._parents(conn, None if len(rows) > 500 else [r["id"] for r in rows])
+        return [card_of(row, parents.get(row["id"], [])) for row in rows]
+
+    def done_cards(self, *, offset: int = 0, limit: int = 50) -> list[Card]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE status = 'done'"  # noqa: S608
+                " ORDER BY completed_at DESC, id LIMIT ? OFFSET ?",
+                (max(0, limit), max(0, offset)),
+            ).fetchall()
+            parents = self._parents(conn, [r["id"] for r in rows])
         return [card_of(row, parents.get(row["id"], [])) for row in rows]
 
     def edit_card(self, card_id: str, edit: CardEdit, *, now: float) -> Card:
@@ -176,17 +190,21 @@ class SqlBoardStore(SqlBoard):
                 " WHERE card_id = ? ORDER BY seq",
                 (card_id,),
             ).fetchall()
-        return [
-            Event(
-                seq=row["seq"],
-                card_id=row["card_id"],
-                run_id=row["run_id"],
-                kind=row["kind"],
-                at=row["at"],
-                data=json.loads(row["data"]),
-            )
-            for row in rows
-        ]
+        return [_event_of(row) for row in rows]
+
+    def events_after(self, seq: int, *, limit: int = 500) -> list[Event]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT seq, card_id, run_id, kind, at, data FROM kanban_events"
+                " WHERE seq > ? ORDER BY seq LIMIT ?",
+                (seq, limit),
+            ).fetchall()
+        return [_event_of(row) for row in rows]
+
+    def last_event_seq(self) -> int:
+        with self.db.read() as conn:
+            row = conn.execute("SELECT max(seq) FROM kanban_events").fetchone()
+        return int(row[0] or 0)
 
     def append_event(
         self,
@@ -483,6 +501,25 @@ class SqlBoardStore(SqlBoard):
         for row in rows:
             counts[CardStatus(row[0])] = int(row[1])
         return counts
+
+    def outcome_counts(self) -> dict[tuple[Outcome, bool], int]:
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT outcome, infrastructure, COUNT(*) FROM kanban_runs"
+                " WHERE outcome IS NOT NULL GROUP BY outcome, infrastructure"
+            ).fetchall()
+        return {(Outcome(row[0]), bool(row[1])): int(row[2]) for row in rows}
+
+
+def _event_of(row: Any) -> Event:
+    return Event(
+        seq=row["seq"],
+        card_id=row["card_id"],
+        run_id=row["run_id"],
+        kind=row["kind"],
+        at=row["at"],
+        data=json.loads(row["data"]),
+    )
 
 
 class SqliteBoardStore(SqlBoardStore):

@@ -38,8 +38,8 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, closing, contextmanager, nullcontext
 from pathlib import Path
 
 from dispatcher.app.workspace import Workspace
@@ -317,9 +317,14 @@ def _wait_started(serve: Serve, mark: Path, card_id: str) -> float:
     return value
 
 
-def _latency(manager: SystemdManager, count: int) -> dict[str, list[float]]:
+def _latency(
+    manager: SystemdManager,
+    count: int,
+    during: Callable[[Serve], AbstractContextManager[object]] | None = None,
+) -> dict[str, list[float]]:
     """Add ``count`` cards one at a time; per card: commit -> first instruction (s) and the
-    parts of that time from the run's records."""
+    parts of that time from the run's records. ``during(serve)`` is held open while the cards
+    are added (bench_web: a dashboard with live clients on the same state)."""
     marks = Path(tempfile.mkdtemp(prefix="bench-gateway-marks-"))
     script = 'printf "%s\\n" "$EPOCHREALTIME" > "$0/$DISPATCH_CARD_ID"'
     config = (
@@ -329,7 +334,10 @@ def _latency(manager: SystemdManager, count: int) -> dict[str, list[float]]:
     committed: dict[str, float] = {}
     started: dict[str, float] = {}
     try:
-        with _serve(manager, "bench-gateway-latency-", config) as serve:
+        with (
+            _serve(manager, "bench-gateway-latency-", config) as serve,
+            during(serve) if during is not None else nullcontext(),
+        ):
             for index in range(count):
                 workspace = serve.workspace()
                 try:

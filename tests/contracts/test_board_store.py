@@ -336,3 +336,62 @@ def test_a_done_parent_that_was_archived_still_counts(store: BoardStore) -> None
     store.archive(parent, now=NOW)
     child = add(store, "child", parents=(parent,))
     assert store.get_card(child).status is CardStatus.READY
+
+
+def test_events_after_follows_the_whole_board_in_order(store: BoardStore) -> None:
+    assert store.last_event_seq() == 0 and store.events_after(0) == []
+    first, second = add(store, "one"), add(store, "two")
+    store.edit_card(first, CardEdit(title="one!"), now=NOW + 1)
+    events = store.events_after(0)
+    assert [(e.card_id, e.kind) for e in events] == [
+        (first, "created"),
+        (second, "created"),
+        (first, "edited"),
+    ]
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 3
+    assert store.last_event_seq() == seqs[-1]
+    assert [e.seq for e in store.events_after(seqs[0])] == seqs[1:]
+    assert [e.seq for e in store.events_after(seqs[0], limit=1)] == seqs[1:2]
+    assert store.events_after(seqs[-1]) == []
+
+
+def test_outcome_counts_count_closed_runs_by_outcome_and_class(store: BoardStore) -> None:
+    assert store.outcome_counts() == {}
+    back = CardChange(fields={"status": CardStatus.READY})
+    card_id = add(store)
+    results = [
+        Result(outcome=Outcome.SPAWN_REFUSED, infrastructure=True),
+        Result(outcome=Outcome.FAILED, exit_code=1),
+        Result(outcome=Outcome.FAILED, exit_code=2),
+    ]
+    for index, result in enumerate(results):
+        run = store.claim(card_id, now=NOW + index, claimer=ME, limits=WIDE).run
+        assert run is not None
+        store.close_run(run.run_id, result, lambda c, r: back, now=NOW + index)
+    store.claim(card_id, now=NOW + 9, claimer=ME, limits=WIDE)  # open: not counted
+    assert store.outcome_counts() == {
+        (Outcome.SPAWN_REFUSED, True): 1,
+        (Outcome.FAILED, False): 2,
+    }
+
+
+def test_done_cards_come_a_page_at_a_time_newest_first(store: BoardStore) -> None:
+    done = []
+    for index in range(5):
+        card_id = add(store, f"c{index}")
+        store.move(card_id, CardStatus.DONE, now=NOW + index)
+        done.append(card_id)
+    add(store, "still ready")
+    assert [c.id for c in store.done_cards(limit=3)] == done[::-1][:3]
+    assert [c.id for c in store.done_cards(offset=3, limit=3)] == done[::-1][3:]
+    assert store.done_cards(offset=5) == []
+    assert all(c.status is CardStatus.DONE for c in store.done_cards())
+
+
+def test_list_cards_can_stop_after_the_first_few(store: BoardStore) -> None:
+    low = add(store, "low", priority=1)
+    high = add(store, "high", priority=3)
+    add(store, "lowest")
+    assert [c.id for c in store.list_cards(limit=2)] == [high, low]
+    assert store.list_cards(statuses=[CardStatus.READY], limit=0) == []
