@@ -17,7 +17,7 @@ import pytest
 
 from dispatcher.app.database import open_state
 from dispatcher.kanban.board import Board
-from dispatcher.kanban.dispatcher import DEGRADED_WARNING, KanbanDispatcher
+from dispatcher.kanban.dispatcher import DEGRADED_WARNING, WALK_PAGE, KanbanDispatcher
 from dispatcher.kanban.model import (
     BlockKind,
     CardEdit,
@@ -415,6 +415,21 @@ def test_global_and_assignee_budgets(tmp_path: Path) -> None:
         assert rig.tick().dispatched == ()
         finish_last(rig, ws[0], exit_code=0)
         assert [d.card_id for d in rig.tick().dispatched] == [ws[1]]
+
+
+def test_a_full_board_is_not_read_to_its_end(tmp_path: Path) -> None:
+    settings = KanbanSettings(max_in_progress=2, assignees={"w": Assignee(command=("w",))})
+    for rig in make_rig(tmp_path, settings=settings):
+        cards = []
+        for i in range(WALK_PAGE + 50):
+            cards.append(rig.add(f"c{i}", "w"))
+            rig.clock.advance(1)  # claimed oldest first
+        report = rig.tick()
+        assert [d.card_id for d in report.dispatched] == cards[:2]
+        # The walk stops after the page where the budget filled up.
+        assert list(report.deferred) == cards[2:WALK_PAGE]
+        planned = rig.tick(dry_run=True)
+        assert planned.planned == () and len(planned.deferred) == WALK_PAGE
 
 
 def test_max_claims_and_dry_run(rig: Rig) -> None:

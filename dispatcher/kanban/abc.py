@@ -161,9 +161,10 @@ class BoardStore(abc.ABC):
         blocks whose time is up → ``ready`` (``unblocked``). Returns (card id, event kind)."""
 
     @abc.abstractmethod
-    def ready_cards(self) -> list[Card]:
-        """``ready`` cards without an open run, by priority then age (back-off and cooldown
-        are not filtered here; the dispatcher reports them)."""
+    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
+        """``ready`` cards without an open run, by priority then age then id (back-off and
+        cooldown are not filtered here; the dispatcher reports them): at most ``limit``, the
+        ones after ``after`` in that order (a page; the walk of a big board reads pages)."""
 
     @abc.abstractmethod
     def claim(

@@ -15,7 +15,7 @@ The gateway calls :meth:`tick` when woken; ``dispatch kanban tick`` calls it onc
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,9 @@ from scope.abc import CallerKind, Placement, Scoper
 from scope.foundation.errors import DispatchError, NotFoundError
 
 log = logging.getLogger("dispatch.kanban")
+
+WALK_PAGE = 256
+"""Ready cards read per page while a tick walks the board."""
 
 DEGRADED_WARNING = (
     "kanban workers were started degraded (no restart-safe scope): they die when the caller's "
@@ -165,7 +168,7 @@ class KanbanDispatcher:
     ) -> None:
         if dry_run:
             work.open_total, work.open_by_assignee = self._open_counts()
-        for card in self.store.ready_cards():
+        for card in self._ready(work, max_claims):
             assignee = self.settings.assignees.get(card.assignee)
             if assignee is None:
                 work.unknown.append(card.id)
@@ -191,6 +194,19 @@ class KanbanDispatcher:
                 self._plan(card, assignee.max_in_progress, work)
             elif not self._claim(card, assignee.max_in_progress, cooling, work, launches):
                 return
+
+    def _ready(self, work: _Pass, max_claims: int | None) -> Iterator[Card]:
+        """The ready cards in claim order, a page at a time: once the board's budget (or
+        ``max_claims``) is used up, the rest of the board is not read (its cards wait for a
+        later tick; ``deferred`` lists those the walk looked at)."""
+        after = None
+        while True:
+            page = self.store.ready_cards(after=after, limit=WALK_PAGE)
+            yield from page
+            done = work.budget_full or (max_claims is not None and work.claims >= max_claims)
+            if len(page) < WALK_PAGE or done:
+                return
+            after = page[-1]
 
     def _plan(self, card: Card, assignee_max: int | None, work: _Pass) -> None:
         """Dry run: would ``card`` be claimed, counting the claims planned so far?"""

@@ -263,14 +263,17 @@ class MemoryBoardStore(BoardStore):
                 self._version += 1
         return done
 
-    def ready_cards(self) -> list[Card]:
+    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
         with self._lock:
             cards = [
                 dataclasses.replace(c, parents=())
                 for c in self._cards.values()
                 if c.status is CardStatus.READY and c.current_run_id is None
             ]
-        return sorted(cards, key=_board_order)
+        ordered = sorted(cards, key=_board_order)
+        if after is not None:
+            ordered = [c for c in ordered if _board_order(c) > _board_order(after)]
+        return ordered if limit is None else ordered[: max(0, limit)]
 
     def claim(
         self,

@@ -253,12 +253,22 @@ class SqlBoardStore(SqlBoard):
                 self._bump(conn)
         return done
 
-    def ready_cards(self) -> list[Card]:
+    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
+        where, params = "", []
+        if after is not None:
+            # Keyset paging in the order of the pick index: (priority DESC, created_at, id).
+            where = (
+                " AND (priority < ? OR (priority = ? AND (created_at > ?"
+                " OR (created_at = ? AND id > ?))))"
+            )
+            params = [after.priority, after.priority, after.created_at, after.created_at, after.id]
+        tail = "" if limit is None else f" LIMIT {int(limit)}"
         with self.db.read() as conn:
             rows = conn.execute(
                 f"SELECT {CARD_COLUMNS} FROM kanban_cards"  # noqa: S608 - constant
-                " WHERE status = 'ready' AND current_run_id IS NULL"
-                " ORDER BY priority DESC, created_at, id"
+                f" WHERE status = 'ready' AND current_run_id IS NULL{where}"
+                f" ORDER BY priority DESC, created_at, id{tail}",
+                params,
             ).fetchall()
         return [card_of(row, ()) for row in rows]
 

@@ -285,6 +285,12 @@ def test_ready_cards_come_by_priority_then_age(store: BoardStore) -> None:
     titles = [c.title for c in store.ready_cards()]
     assert titles[:2] == ["urgent", "first"] and titles[-1] == "later"
     assert urgent != first and "taken" not in titles
+    # Pages in the same order: after a card, the ones behind it; at most limit of them.
+    everything = store.ready_cards()
+    assert [c.id for c in store.ready_cards(limit=2)] == [c.id for c in everything[:2]]
+    rest = store.ready_cards(after=everything[0], limit=10)
+    assert [c.id for c in rest] == [c.id for c in everything[1:]]
+    assert store.ready_cards(after=everything[-1]) == []
 
 
 def test_status_counts_and_runs_of(store: BoardStore) -> None:

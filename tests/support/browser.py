@@ -244,9 +244,12 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"no browser: {reason}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium under Playwright, once per session (see the module docstring)."""
+    """Debian's Chromium under Playwright, once per test module (see the module docstring).
+
+    Not per session: Playwright's sync API keeps an asyncio loop running in the main thread
+    while it is started, so a later module's ``asyncio.run`` would find a loop running."""
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         _unavailable(f"{CHROMIUM} is missing (apt-get install chromium)")
     try:
