@@ -542,7 +542,7 @@ def test_metrics_match_the_board(dash: Dash) -> None:
     assert metrics["dispatch_kanban_ready_to_running_seconds_count"][()] == 0
     # The placement each caller gets is the doctor's verdict (which depends on the machine:
     # without systemd as PID 1 a gateway cannot sit in a unit, so its workers run in_process).
-    code, out, _ = dash.cli("doctor", "--json")
+    _, out, _ = dash.cli("doctor", "--json")
     doctor = json.loads(out)
     expected = doctor["placement"]["gateway_kanban"]
     assert (("caller", "gateway_kanban"), ("placement", expected)) in metrics[
