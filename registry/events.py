@@ -25,55 +25,9 @@ from typing import Any
 from registry.abc import AckResult, Event, EventType, Owner, SessionState
 from registry.state import StateDB
 
-__all__ = ["V2_SCHEMA", "EventDraft", "EventStore", "new_event_id", "owner_filter"]
+__all__ = ["EventDraft", "EventStore", "new_event_id", "owner_filter"]
 
 _log = logging.getLogger("dispatch.registry")
-
-V2_SCHEMA = """
-ALTER TABLE registry_sessions ADD COLUMN notify INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE registry_sessions ADD COLUMN heartbeat REAL;
-ALTER TABLE registry_sessions ADD COLUMN heartbeat_liveness INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE registry_sessions ADD COLUMN hb_offset INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE registry_sessions ADD COLUMN hb_at REAL;
-ALTER TABLE registry_sessions ADD COLUMN watch TEXT NOT NULL DEFAULT '[]';
-ALTER TABLE registry_sessions ADD COLUMN watch_state TEXT NOT NULL DEFAULT '{}';
-ALTER TABLE registry_sessions ADD COLUMN emitter TEXT;
-ALTER TABLE registry_sessions ADD COLUMN event_seq INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE registry_sessions ADD COLUMN handoff_note TEXT;
-ALTER TABLE registry_sessions ADD COLUMN handoff_from TEXT;
-ALTER TABLE registry_sessions ADD COLUMN kill_signalled_at REAL;
-CREATE TABLE registry_events (
-    position INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    session_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    type TEXT NOT NULL,
-    owner TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    acked_at REAL,
-    state TEXT,
-    exit_code INTEGER,
-    signal TEXT,
-    completion_reason TEXT,
-    output TEXT NOT NULL DEFAULT '',
-    output_cut INTEGER NOT NULL DEFAULT 0,
-    log_path TEXT,
-    note TEXT,
-    data TEXT NOT NULL DEFAULT '{}',
-    UNIQUE (session_id, seq)
-);
-CREATE INDEX registry_events_owner ON registry_events (owner, acked_at, position);
-CREATE INDEX registry_events_acked ON registry_events (acked_at, position);
-CREATE TABLE registry_handoffs (
-    session_id TEXT NOT NULL,
-    from_owner TEXT NOT NULL,
-    to_owner TEXT NOT NULL,
-    note TEXT NOT NULL,
-    at REAL NOT NULL
-);
-CREATE INDEX registry_handoffs_from ON registry_handoffs (from_owner);
-"""
-"""Migration v2 of the ``registry`` component: events, handoffs, notification columns."""
 
 _EVENT_COLUMNS = (
     "position, id, session_id, seq, type, owner, created_at, acked_at, state, exit_code,"

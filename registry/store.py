@@ -33,8 +33,9 @@ from registry.changes import (
     Started,
     WatchMark,
 )
-from registry.events import V2_SCHEMA, EventDraft, EventStore
-from registry.state import Component, Migration, StateDB
+from registry.events import EventDraft, EventStore
+from registry.schema import COMPONENT
+from registry.state import StateDB
 from scope.abc import CallerKind, Placement
 
 __all__ = [
@@ -51,59 +52,6 @@ __all__ = [
     "StoredSession",
     "WatchMark",
 ]
-
-_V1 = """
-CREATE TABLE registry_sessions (
-    id TEXT PRIMARY KEY,
-    argv TEXT NOT NULL,
-    cwd TEXT NOT NULL,
-    owner_kind TEXT NOT NULL,
-    owner_id TEXT NOT NULL,
-    caller TEXT NOT NULL,
-    placement TEXT NOT NULL,
-    unit TEXT,
-    state TEXT NOT NULL,
-    dir TEXT NOT NULL,
-    log_path TEXT NOT NULL,
-    pty INTEGER NOT NULL DEFAULT 0,
-    keeper_pid INTEGER,
-    keeper_start INTEGER,
-    worker_pid INTEGER,
-    worker_start INTEGER,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    exit_code INTEGER,
-    signal TEXT,
-    completion_reason TEXT,
-    total_bytes INTEGER NOT NULL DEFAULT 0,
-    dropped_bytes INTEGER NOT NULL DEFAULT 0,
-    timeout REAL,
-    output_chars INTEGER,
-    labels TEXT NOT NULL DEFAULT '{}',
-    warning TEXT,
-    kill_state TEXT,
-    kill_reason TEXT,
-    kill_requested_at REAL
-);
-CREATE INDEX registry_sessions_state ON registry_sessions (state, created_at);
-CREATE INDEX registry_sessions_finished ON registry_sessions (finished_at);
-"""
-
-COMPONENT = Component(
-    name="registry",
-    migrations=[
-        Migration(version=1, apply=_V1, note="sessions"),
-        Migration(version=2, apply=V2_SCHEMA, note="events, handoffs, notification columns"),
-        Migration(
-            version=3,
-            apply="CREATE INDEX registry_sessions_owner"
-            " ON registry_sessions (owner_kind, owner_id, created_at);",
-            note="sessions by owner",
-        ),
-    ],
-)
-"""The registry's tables; listed in :func:`dispatcher.app.database.components`."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,9 +28,16 @@ from __future__ import annotations
 
 import abc
 import enum
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import subprocess
+
+DEVNULL = -3
+"""``subprocess.DEVNULL`` (its documented value; importing subprocess costs every command
+start-up time, and most commands never start a process)."""
 
 GATE_ENV = "DISPATCH_SCOPE_GATE_FD"
 
@@ -129,9 +136,9 @@ class LaunchSpec:
     ``dispatch-kanban-c1-run-r7.scope`` (sanitised and made unique by the scope layer)."""
     description: str = ""
     pass_fds: Sequence[int] = ()
-    stdin: int | None = subprocess.DEVNULL
-    stdout: int | None = subprocess.DEVNULL
-    stderr: int | None = subprocess.DEVNULL
+    stdin: int | None = DEVNULL
+    stdout: int | None = DEVNULL
+    stderr: int | None = DEVNULL
     gated: bool = False
     """The program honours the gate protocol (reads ``DISPATCH_SCOPE_GATE_FD``)."""
     start_new_session: bool = True

@@ -10,8 +10,9 @@ import pytest
 
 from registry.abc import EventType, Owner, Session, SessionState
 from registry.events import EventDraft, EventStore
+from registry.schema import COMPONENT, V1_SCHEMA
 from registry.state import Component, Migration, StateDB
-from registry.store import _V1, COMPONENT, HeartbeatMark, SessionStore
+from registry.store import HeartbeatMark, SessionStore
 from scope.abc import CallerKind, Placement
 
 ALICE = Owner(kind="cli", id="alice:1")
@@ -127,7 +128,7 @@ def test_oldest_acknowledged_go_first_and_the_hard_cap_says_so(
 
 
 def test_a_v1_database_upgrades_and_keeps_its_sessions(tmp_path: Path) -> None:
-    old = Component(name="registry", migrations=[Migration(version=1, apply=_V1)])
+    old = Component(name="registry", migrations=[Migration(version=1, apply=V1_SCHEMA)])
     with StateDB.in_dir(tmp_path, [old]) as db, db.write() as conn:
         conn.execute(
             "INSERT INTO registry_sessions (id, argv, cwd, owner_kind, owner_id, caller,"

@@ -18,9 +18,9 @@ from registry.abc import Owner, SpawnRequest
 from registry.hooks import OutputHooks
 from registry.process import KEEPER_SCRIPT, ProcessRegistry
 from registry.procinfo import MARKER_ENV, table
+from registry.schema import COMPONENT
 from registry.settings import RegistrySettings
 from registry.state import StateDB
-from registry.store import COMPONENT
 from scope.abc import CallerKind, Scoper
 from scope.fake import FakeScoper
 from scope.foundation.clock import Clock
@@ -159,7 +159,7 @@ LAUNCHER = textwrap.dedent(
     from registry.process import ProcessRegistry
     from registry.settings import RegistrySettings
     from registry.state import StateDB
-    from registry.store import COMPONENT
+    from registry.schema import COMPONENT
     from scope.abc import CallerKind
     spec = json.loads(sys.argv[1])
     if spec.get("env"):

@@ -126,3 +126,11 @@ def test_stop_leaves_a_reused_group_alone(tmp_path, leak_guard):
     launched.process.kill()
     launched.process.wait(timeout=5)
     wait_for(lambda: read_stat(launched.pid) is None, 5, what="child reaped")
+
+
+def test_the_devnull_constant_is_subprocess_s() -> None:
+    import subprocess
+
+    from scope.abc import DEVNULL
+
+    assert DEVNULL == subprocess.DEVNULL

@@ -16,13 +16,13 @@ mode, so a single host's commands start as fast as before.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dispatcher.app.database import open_state
-from dispatcher.cron.ledger import Ledger
 from dispatcher.kanban.store import SqlBoardStore, SqliteBoardStore
 from dispatcher.settings import Settings
 from registry.state import StateDB
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from dispatcher.cluster.board import HostStamp, PgBoardStore
     from dispatcher.cluster.database import ClusterDB
     from dispatcher.cluster.hosts import Hosts
+    from dispatcher.cron.ledger import Ledger
 
 __all__ = ["ClusterState", "cluster_url", "open_cluster_state"]
 
@@ -46,7 +47,6 @@ class ClusterState:
     """The board store and ledger one process uses (see the module docstring)."""
 
     board: SqlBoardStore
-    ledger: Ledger
     local: StateDB
     """The host's own state database (host state; in single-host mode cluster state too)."""
     db: ClusterDB | None = None
@@ -55,7 +55,19 @@ class ClusterState:
     stamp: HostStamp | None = None
     """This host's id and lease epoch, stamped on every run and fire it writes."""
     owns_local: bool = False
+    pg_ledger: Ledger | None = None
+    """The cluster's ledger (cluster mode); a single host's is made on first use."""
     _closed: bool = field(default=False, repr=False)
+
+    @functools.cached_property
+    def ledger(self) -> Ledger:
+        """The cron ledger (a single host's in ``state.db``: imported and made on first use,
+        since most commands never touch cron)."""
+        if self.pg_ledger is not None:
+            return self.pg_ledger
+        from dispatcher.cron.ledger import Ledger
+
+        return Ledger(self.local)
 
     @property
     def clustered(self) -> bool:
@@ -137,7 +149,6 @@ def open_cluster_state(
     if url is None:
         return ClusterState(
             board=SqliteBoardStore(db_local),
-            ledger=Ledger(db_local),
             local=db_local,
             owns_local=owns_local,
         )
@@ -199,7 +210,7 @@ def _open_cluster(
         raise
     return ClusterState(
         board=board,
-        ledger=PgLedger(db, stamp),
+        pg_ledger=PgLedger(db, stamp),
         local=local,
         db=db,
         hosts=hosts,

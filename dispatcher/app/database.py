@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher.cron.ledger import COMPONENT as CRON_COMPONENT
+from dispatcher.cron.schema import COMPONENT as CRON_COMPONENT
 from dispatcher.kanban.schema import COMPONENT as KANBAN_COMPONENT
+from registry.schema import COMPONENT as REGISTRY_COMPONENT
 from registry.state import Component, StateDB
-from registry.store import COMPONENT as REGISTRY_COMPONENT
 
 
 def components() -> list[Component]:

@@ -21,16 +21,16 @@ from dispatcher.app.clusterstate import ClusterState, open_cluster_state
 from dispatcher.app.database import open_state
 from dispatcher.app.wake import poke
 from dispatcher.kanban.board import Board
-from dispatcher.kanban.report import Closed, TickReport
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.settings import Settings
-from registry.abc import Registry
 from scope.abc import CallerKind
 from scope.foundation.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
     from dispatcher.kanban.dispatcher import KanbanDispatcher
+    from dispatcher.kanban.report import Closed, TickReport
+    from registry.abc import Registry
 
 
 NO_LEASE_WARNING = (

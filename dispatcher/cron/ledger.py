@@ -29,57 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron.abc import LedgerStore, LedgerTx
 from dispatcher.launch.outcome import Outcome
-from registry.state import Component, Migration
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
-
-_SCHEMA_V1 = """
-CREATE TABLE cron_fires (
-    id INTEGER PRIMARY KEY,
-    fire_key TEXT NOT NULL UNIQUE,
-    job_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    nominal_wall TEXT NOT NULL,
-    fold INTEGER NOT NULL DEFAULT 0,
-    zone TEXT NOT NULL,
-    nominal REAL NOT NULL,
-    decided_at REAL NOT NULL,
-    due_at REAL,
-    actual REAL,
-    status TEXT NOT NULL,
-    outcome TEXT,
-    catch_up INTEGER NOT NULL DEFAULT 0,
-    jitter REAL NOT NULL DEFAULT 0,
-    placement TEXT,
-    session_id TEXT,
-    exit_code INTEGER,
-    signal TEXT,
-    started_at REAL,
-    ended_at REAL,
-    error TEXT,
-    infrastructure INTEGER NOT NULL DEFAULT 0,
-    log_path TEXT,
-    claimant TEXT,
-    on_failure_session TEXT
-);
-CREATE INDEX cron_fires_job ON cron_fires (job_id, id);
-CREATE INDEX cron_fires_open ON cron_fires (status, job_id) WHERE status != 'done';
-CREATE INDEX cron_fires_session ON cron_fires (session_id) WHERE session_id IS NOT NULL;
-CREATE TABLE cron_jobs (
-    job_id TEXT PRIMARY KEY,
-    watermark REAL,
-    paused INTEGER,
-    paused_at REAL,
-    updated_at REAL NOT NULL
-);
-"""
-
-COMPONENT = Component(
-    name="cron",
-    migrations=[Migration(version=1, apply=_SCHEMA_V1, note="cron ledger and job state")],
-)
-"""The cron tables, registered in :func:`dispatcher.app.database.components`."""
 
 
 class Status(enum.StrEnum):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import re
-import secrets
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +34,9 @@ CARD_FIELDS = frozenset(c.strip() for c in CARD_COLUMNS.split(",")) - {"id"}
 
 def new_id(prefix: str) -> str:
     """A fresh card (``c_``) or run (``r_``) id: the prefix and 10 hex digits."""
-    return prefix + secrets.token_hex(ID_HEX // 2)
+    # os.urandom is what secrets.token_hex reads; the secrets module itself pulls in hmac
+    # and hashlib, which `kanban add` would pay for at start-up.
+    return prefix + os.urandom(ID_HEX // 2).hex()
 
 
 def card_of(row: sqlite3.Row, parents: Sequence[str]) -> Card:

@@ -13,7 +13,6 @@ command run inside the gateway); it is not part of the liveness check.
 from __future__ import annotations
 
 import os
-import secrets
 from dataclasses import dataclass
 
 from scope.foundation.procstat import boot_id, start_time
@@ -40,7 +39,7 @@ class Claimant:
             pid=pid,
             start=start_time(pid),
             boot=boot_id(),
-            instance=secrets.token_hex(4) if instance else "",
+            instance=os.urandom(4).hex() if instance else "",
         )
 
     def alive(self) -> bool:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from registry.abc import Session, SessionState
+if TYPE_CHECKING:
+    from registry.abc import Session
 
 __all__ = [
     "CRON_DECISIONS",
@@ -84,6 +86,10 @@ class Result:
 
 def outcome_of(session: Session) -> Result:
     """Classify a finished session (raises ValueError for one still running)."""
+    # Imported here: the board's vocabulary (which imports this module) is read by commands
+    # that never see a session, and the registry's records cost start-up time.
+    from registry.abc import SessionState
+
     state = session.state
     reason = session.completion_reason
     if state is SessionState.RUNNING:

@@ -21,9 +21,9 @@ from pathlib import Path
 from registry.abc import EventType, Owner, SpawnRequest
 from registry.process import KEEPER_SCRIPT, ProcessRegistry
 from registry.redact import Redactor
+from registry.schema import COMPONENT
 from registry.settings import RegistrySettings
 from registry.state import StateDB
-from registry.store import COMPONENT
 from scope.abc import CallerKind
 from scope.fake import FakeScoper
 from scope.foundation.clock import FakeClock

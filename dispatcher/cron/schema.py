@@ -1,0 +1,59 @@
+"""The cron ledger's tables in the state database (component ``cron``) and their migrations.
+
+Apart from the ledger's code so that opening the state database (every command does) costs
+only these strings. New columns come as new :class:`~registry.state.Migration` steps appended
+to :data:`COMPONENT`; never edit a released step.
+"""
+
+from __future__ import annotations
+
+from registry.state import Component, Migration
+
+__all__ = ["COMPONENT", "SCHEMA_V1"]
+
+SCHEMA_V1 = """
+CREATE TABLE cron_fires (
+    id INTEGER PRIMARY KEY,
+    fire_key TEXT NOT NULL UNIQUE,
+    job_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    nominal_wall TEXT NOT NULL,
+    fold INTEGER NOT NULL DEFAULT 0,
+    zone TEXT NOT NULL,
+    nominal REAL NOT NULL,
+    decided_at REAL NOT NULL,
+    due_at REAL,
+    actual REAL,
+    status TEXT NOT NULL,
+    outcome TEXT,
+    catch_up INTEGER NOT NULL DEFAULT 0,
+    jitter REAL NOT NULL DEFAULT 0,
+    placement TEXT,
+    session_id TEXT,
+    exit_code INTEGER,
+    signal TEXT,
+    started_at REAL,
+    ended_at REAL,
+    error TEXT,
+    infrastructure INTEGER NOT NULL DEFAULT 0,
+    log_path TEXT,
+    claimant TEXT,
+    on_failure_session TEXT
+);
+CREATE INDEX cron_fires_job ON cron_fires (job_id, id);
+CREATE INDEX cron_fires_open ON cron_fires (status, job_id) WHERE status != 'done';
+CREATE INDEX cron_fires_session ON cron_fires (session_id) WHERE session_id IS NOT NULL;
+CREATE TABLE cron_jobs (
+    job_id TEXT PRIMARY KEY,
+    watermark REAL,
+    paused INTEGER,
+    paused_at REAL,
+    updated_at REAL NOT NULL
+);
+"""
+
+COMPONENT = Component(
+    name="cron",
+    migrations=[Migration(version=1, apply=SCHEMA_V1, note="cron ledger and job state")],
+)
+"""The cron tables, registered in :func:`dispatcher.app.database.components`."""
