@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -134,16 +135,26 @@ def measure_commands(
     run_env = dict(os.environ if env is None else env)
 
     def run(argv: Sequence[str]) -> None:
-        subprocess.run(
+        # Not subprocess.run(timeout=...): with a timeout, Popen.wait polls with sleeps that
+        # double up to 50 ms, which rounds every measured time up to its polling steps (a
+        # 25 ms command measured as 64 ms). A blocking wait returns at once; a timer kills a
+        # command that hangs.
+        process = subprocess.Popen(
             list(argv),
             cwd=cwd,
             env=run_env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            timeout=timeout,
-            check=True,
         )
+        watchdog = threading.Timer(timeout, process.kill)
+        watchdog.start()
+        try:
+            code = process.wait()
+        finally:
+            watchdog.cancel()
+        if code != 0:
+            raise subprocess.CalledProcessError(code, list(argv))
 
     for argv in commands.values():
         run(argv)
