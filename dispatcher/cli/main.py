@@ -20,6 +20,7 @@ from dispatcher.cli.context import Context
 from dispatcher.cli.groups import GROUPS, chosen_group
 from dispatcher.cli.parser import Parser, global_options
 from scope.foundation.errors import DispatchError
+from scope.foundation.text import one_line
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -69,7 +70,7 @@ def main(
         status = args.handler(args, ctx)
         return int(status or 0)
     except DispatchError as err:
-        print(f"dispatch: error: {err.message}", file=sys.stderr)
+        print(f"dispatch: error: {one_line(err.message)}", file=sys.stderr)
         return err.exit_code
     except sqlite3.DatabaseError as err:
         # Store queries raise sqlite3 errors for a damaged or foreign database: one line, no
@@ -120,6 +121,12 @@ def _silence_stdout() -> None:
 
 def entry() -> None:
     """Console-script entry: exit with :func:`main`'s status."""
+    # Names that came from the OS as bytes (argv, paths) and are not UTF-8 reach Python as
+    # lone surrogates; write them back as the same bytes instead of failing on output.
+    # (stderr already escapes them with backslashes.)
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="surrogateescape")
     sys.exit(main())
 
 

@@ -1,20 +1,103 @@
 """argparse tuned to the CLI conventions: one-line usage errors with exit 2, global options
-accepted before or after the subcommand."""
+accepted before or after the subcommand, user text quoted safely and text arguments that must be
+valid UTF-8."""
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from dispatcher.cli.groups import GROUPS
-from scope.foundation.errors import UsageError
+from scope.foundation.errors import Invalid, UsageError
+from scope.foundation.text import QUOTE_LIMIT, parse_int, quote
+
+BYTES_OK = frozenset({"config", "state_dir", "cwd", "body_file", "file", "unit", "command"})
+"""Destinations that take paths or a command's words: bytes that are not UTF-8 (which reach
+Python as lone surrogates) are legitimate there and passed on unchanged. Every other text
+argument must be UTF-8, because it is stored, matched or shown as text."""
 
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are :class:`UsageError` (one line, exit 2)."""
 
+    _seen: Sequence[str] = ()
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        # Kept for error(): argparse puts the raw arguments into its messages.
+        self._seen = () if args is None else list(args)
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> argparse.Namespace:
+        parsed = super().parse_args(args, namespace)
+        for dest, value in vars(parsed).items():
+            if dest not in BYTES_OK and _undecodable(value):
+                name = _option_names(self).get(dest, dest)
+                self.error(
+                    f"argument {name}: contains bytes that are not UTF-8; "
+                    "give the value as UTF-8 text"
+                )
+        return parsed
+
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see '{self.prog} --help')")
+        raise UsageError(f"{_quoted_safely(message, self._seen)} (see '{self.prog} --help')")
+
+
+def int_arg(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=`` for a whole number in ASCII digits within ``low``..``high``
+    (``int`` would take Arabic-Indic digits, ``1_000`` and 5,000-digit numbers)."""
+
+    def integer(text: str) -> int:
+        try:
+            return parse_int(text, low=low, high=high)
+        except Invalid as err:
+            raise argparse.ArgumentTypeError(err.problem) from None
+
+    return integer
+
+
+def _undecodable(value: object) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, list | tuple):
+        return any(_undecodable(item) for item in value)
+    return False
+
+
+def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Destination -> how the user spells it (``--title``, ``TITLE``), subcommands included."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                for dest, name in _option_names(sub).items():
+                    names.setdefault(dest, name)
+        elif action.option_strings:
+            names.setdefault(action.dest, action.option_strings[-1])
+        else:
+            names.setdefault(action.dest, str(action.metavar or action.dest))
+    return names
+
+
+def _quoted_safely(message: str, seen: Sequence[str]) -> str:
+    """argparse's message with every long or unprintable argument it repeats replaced by a
+    short escaped quote (argparse echoes values whole: a 100 KB value, a 100 KB line)."""
+    risky: set[str] = set()
+    for arg in seen:
+        for piece in (arg, arg.partition("=")[2]):
+            if len(piece) > QUOTE_LIMIT or (piece and not piece.isprintable()):
+                risky.add(piece)
+    for piece in sorted(risky, key=len, reverse=True):
+        message = message.replace(repr(piece), quote(piece)).replace(piece, quote(piece))
+    return message
 
 
 # The type of add_subparsers()'s result; only subscriptable for the type checker on 3.11.

@@ -18,6 +18,12 @@ else *fixed-time*):
 Interval schedules (``every``) ignore wall time: fires are due at ``offset + k * every`` seconds
 after the Unix epoch, so they stay put across restarts and DST; their wall time and fold are only
 used for the fire key and display.
+
+Time is bounded: a schedule computes nothing before :data:`EARLIEST` and ends (its iterator
+stops) once the next fire would fall after :data:`LATEST` or, for crontab schedules, on a wall
+day after :data:`~dispatcher.cron.crontab.LAST_DAY`. Both bounds sit a day inside what
+:mod:`datetime` can represent, so no zone offset can push a computation out of range; a sparse
+schedule near year 9999 yields the fires that exist and then stops.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ from dispatcher.cron.crontab import CronExpr
 
 _UTC = dt.UTC
 _MINUTE = dt.timedelta(minutes=1)
+
+EARLIEST = dt.datetime(1, 1, 2, tzinfo=_UTC).timestamp()
+"""The first instant a schedule computes from (epoch seconds; 0001-01-02T00:00Z)."""
+LATEST = dt.datetime(9999, 12, 30, tzinfo=_UTC).timestamp()
+"""The last instant a schedule starts from or an interval fires at (9999-12-30T00:00Z)."""
 # Longest DST shift on record is 2 h (Antarctica/Troll); look a little further.
 _SHIFT_WINDOW = 3 * 3600
 
@@ -83,7 +94,8 @@ class Schedule(abc.ABC):
 
     @abc.abstractmethod
     def occurrences(self, after: float) -> Iterator[Occurrence]:
-        """Every occurrence due strictly after ``after``, in order of ``at`` (endless)."""
+        """Every occurrence due strictly after ``after``, in order of ``at``; it ends only at
+        the bounds of computable time (see the module docstring)."""
 
     def between(self, after: float, until: float) -> Iterator[Occurrence]:
         """Occurrences with ``after < at <= until``."""
@@ -94,7 +106,8 @@ class Schedule(abc.ABC):
 
     def next_instants(self, after: float, count: int) -> list[float]:
         """The next ``count`` distinct instants at which something runs (coalesced fires and
-        duplicate instants are shown once)."""
+        duplicate instants are shown once); fewer when the schedule reaches the end of
+        computable time first."""
         found: list[float] = []
         for occurrence in self.occurrences(after):
             if len(found) >= count:
@@ -113,6 +126,9 @@ class CronSchedule(Schedule):
         self.zone = zone
 
     def occurrences(self, after: float) -> Iterator[Occurrence]:
+        after = max(after, EARLIEST)
+        if after > LATEST:
+            return
         wall, _ = local_wall(after, self.zone)
         wall = wall.replace(second=0, microsecond=0)
         if _offset(after, self.zone) != _offset(after + _SHIFT_WINDOW, self.zone):
@@ -124,7 +140,7 @@ class CronSchedule(Schedule):
         wildcard = self.expr.wildcard
         while True:
             found = self.expr.next_match(wall)
-            if found is None:  # pragma: no cover - parse() rejects never-matching expressions
+            if found is None:  # the end of computable time (parse() rejects never-matching)
                 break
             wall = found + _MINUTE
             kind, first, second = _classify(found, self.zone)
@@ -148,6 +164,9 @@ class CronSchedule(Schedule):
                     yield Occurrence(wall=rwall, fold=1, at=at)
             if primary.at > after:
                 yield primary
+        for at, rwall in sorted(repeats):
+            if at > after:
+                yield Occurrence(wall=rwall, fold=1, at=at)
 
 
 class IntervalSchedule(Schedule):
@@ -161,17 +180,11 @@ class IntervalSchedule(Schedule):
         self.zone = zone
 
     def occurrences(self, after: float) -> Iterator[Occurrence]:
-        k = math.floor((after - self.offset) / self.every) + 1
-        while True:
-            at = self.offset + k * self.every
-            k += 1
-            if at <= after:
-                continue  # float rounding right at a boundary
-            wall, fold = local_wall(at, self.zone)
-            yield Occurrence(wall=wall, fold=fold, at=at)
+        return self.between(after, LATEST)
 
     def between(self, after: float, until: float) -> Iterator[Occurrence]:
         # Arithmetic bounds: no occurrence past ``until`` is built just to be thrown away.
+        after, until = max(after, EARLIEST), min(until, LATEST)
         k = math.floor((after - self.offset) / self.every) + 1
         while True:
             at = self.offset + k * self.every
