@@ -106,18 +106,6 @@ def unsafe_char(text: str, *, newlines: bool = False) -> str | None:
     return None if found is None else _describe(found.group())
 
 
-def check_text(text: str, what: str, *, max_chars: int, newlines: bool = False) -> str:
-    """``text`` unchanged when it is at most ``max_chars`` characters of safe text (see
-    :func:`unsafe_char`); else :class:`Invalid` naming ``what``, the problem and the fix."""
-    if len(text) > max_chars:
-        raise Invalid(f"{what}: longer than {max_chars} characters ({len(text)})")
-    bad = unsafe_char(text, newlines=newlines)
-    if bad is not None:
-        allowed = "tab, newline and printable text" if newlines else "printable text on one line"
-        raise Invalid(f"{what}: contains {bad} ({quote(text, 40)}); only {allowed} is accepted")
-    return text
-
-
 def _describe(ch: str) -> str:
     if "\ud800" <= ch <= "\udfff":
         return "a byte that is not UTF-8"
