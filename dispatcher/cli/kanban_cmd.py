@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
+from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, int_arg
 from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     board_text,
@@ -30,6 +30,8 @@ from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+PRIORITY = int_arg(-(10**9), 10**9)
+FAILURE_LIMIT = int_arg(1, 10**6)
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -46,7 +48,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     add.add_argument("title", metavar="TITLE")
     add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
     _body_options(add)
-    add.add_argument("--priority", type=int, default=0, metavar="N", help="higher = sooner")
+    add.add_argument("--priority", type=PRIORITY, default=0, metavar="N", help="higher = sooner")
     add.add_argument(
         "--parent",
         action="append",
@@ -55,7 +57,9 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         help="a card that must be done first (repeatable)",
     )
     add.add_argument("--idempotency-key", metavar="K", help="adding the same key again is a no-op")
-    add.add_argument("--failure-limit", type=int, metavar="N", help="override kanban.failure_limit")
+    add.add_argument(
+        "--failure-limit", type=FAILURE_LIMIT, metavar="N", help="override kanban.failure_limit"
+    )
 
     ls = sub("list", "List cards (archived ones only with --all).", handle_list)
     ls.add_argument("--status", choices=[s.value for s in CardStatus], metavar="S")
@@ -69,12 +73,12 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     edit.add_argument("id", metavar="ID")
     edit.add_argument("--title")
     _body_options(edit)
-    edit.add_argument("--priority", type=int, metavar="N")
+    edit.add_argument("--priority", type=PRIORITY, metavar="N")
     edit.add_argument("--assignee", metavar="NAME")
-    edit.add_argument("--failure-limit", type=int, metavar="N")
+    edit.add_argument("--failure-limit", type=FAILURE_LIMIT, metavar="N")
 
     tick = sub("tick", "Run one dispatcher pass (for a Type=oneshot unit or cron).", handle_tick)
-    tick.add_argument("--max", type=int, metavar="N", help="claim at most N cards")
+    tick.add_argument("--max", type=int_arg(0, 10**6), metavar="N", help="claim at most N cards")
     tick.add_argument(
         "--dry-run", action="store_true", help="show what would start; change nothing"
     )

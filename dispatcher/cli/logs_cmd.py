@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from dispatcher.app.runtime import Runtime, runtime_from_context
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group, int_arg
 from registry.abc import Registry, Session
 from registry.hooks import OutputHooks
 from registry.output import LogReader
@@ -41,7 +41,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     parser.add_argument(
         "-f", "--follow", action="store_true", help="keep printing until the session ends"
     )
-    parser.add_argument("--tail", metavar="N", type=int, help="only the last N lines")
+    parser.add_argument("--tail", metavar="N", type=int_arg(0, 10**9), help="only the last N lines")
     parser.add_argument(
         "--redact", action="store_true", help="apply the output hooks (mask secrets)"
     )

@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group, int_arg
 from dispatcher.timefmt import iso
 from registry.errors import StateError
 
@@ -17,7 +17,11 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     """Add the ``status`` group."""
     parser = add_group(subparsers, "status", common)
     parser.add_argument(
-        "--fires", type=int, default=5, metavar="N", help="how many next cron fires to show"
+        "--fires",
+        type=int_arg(0, 1000),
+        default=5,
+        metavar="N",
+        help="how many next cron fires to show",
     )
     parser.set_defaults(handler=handle)
 

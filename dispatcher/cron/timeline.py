@@ -32,11 +32,14 @@ import abc
 import datetime as dt
 import heapq
 import math
+import re
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dispatcher.cron.crontab import CronExpr
+from scope.foundation.errors import Invalid
+from scope.foundation.text import quote
 
 _UTC = dt.UTC
 _MINUTE = dt.timedelta(minutes=1)
@@ -74,6 +77,29 @@ def fire_key(job_id: str, wall: dt.datetime, fold: int) -> str:
 def key_of(job_id: str, wall_text: str, fold: int) -> str:
     """:func:`fire_key` from an already formatted wall time."""
     return f"{job_id}@{wall_text},fold=1" if fold else f"{job_id}@{wall_text}"
+
+
+_KEY = re.compile(
+    r"(?P<job>[a-z0-9][a-z0-9_-]*)@(?P<wall>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
+    r"(?:\.[0-9]{3})?)(?P<fold>,fold=1)?"
+)
+
+
+def parse_fire_key(key: str) -> tuple[str, dt.datetime, int]:
+    """``(job_id, wall, fold)`` of a scheduled fire's key (the inverse of :func:`fire_key`, for
+    the ``DISPATCH_FIRE_KEY`` a worker sees); :class:`Invalid` for anything else, a manual
+    run's key (``job@run:...``) included."""
+    match = _KEY.fullmatch(key) if isinstance(key, str) else None
+    if match is None:
+        raise Invalid(
+            f"invalid fire key {quote(key)}; scheduled fires look like "
+            "job@2026-03-29T02:30:00 (',fold=1' for the repeat after clocks went back)"
+        )
+    try:
+        wall = dt.datetime.fromisoformat(match.group("wall"))
+    except ValueError as err:
+        raise Invalid(f"invalid fire key {quote(key)}: {err}") from None
+    return match.group("job"), wall, 1 if match.group("fold") else 0
 
 
 def format_wall(wall: dt.datetime) -> str:

@@ -36,16 +36,20 @@ _UNSAFE_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\u20
 
 
 def quote(text: object, limit: int = QUOTE_LIMIT) -> str:
-    """``text`` for an error line: quoted and escaped like :func:`repr`, cut after ``limit``
-    characters with the full length named (``'aaaa…'... (100000 characters)``)."""
+    """``text`` for an error line: quoted and escaped like :func:`repr`, cut to about
+    ``limit`` characters with the full length named (``'aaaa'... (100000 characters)``)."""
     if not isinstance(text, str):
         try:
             return _clip(repr(text), limit)
         except ValueError:  # an int past the 4,300-digit conversion limit
             return "a number of more than 4300 digits"
-    if len(text) <= limit:
+    cut = min(len(text), limit)
+    # Escapes widen the text (one U+2028 is six characters): cut until the quote fits.
+    while cut > 8 and len(repr(text[:cut])) > limit + 2:
+        cut = cut * 2 // 3
+    if cut == len(text):
         return repr(text)
-    return f"{text[:limit]!r}... ({len(text)} characters)"
+    return f"{text[:cut]!r}... ({len(text)} characters)"
 
 
 def one_line(text: str, limit: int = 2000) -> str:

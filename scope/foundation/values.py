@@ -101,7 +101,7 @@ MAX_SIZE = 2**60
 """The largest size accepted (1 EiB): far above any cap, far below SQLite's 64-bit limit."""
 
 _SIZE = re.compile(
-    r"([0-9]{1,18})(?:\.([0-9]{1,9}))?[ \t]*(b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?",
+    r"([0-9]{1,19})(?:\.([0-9]{1,9}))?[ \t]*(b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?",
     re.IGNORECASE,
 )
 _SIZE_UNITS = {
