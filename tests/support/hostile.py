@@ -27,6 +27,7 @@ any_text = st.text(any_char, max_size=40)
 os_text = st.binary(max_size=30).map(lambda raw: raw.decode("utf-8", "surrogateescape"))
 """Text as argv arrives from the OS: arbitrary bytes decoded with surrogateescape."""
 
+
 def _repeat(piece: str, low: int, high: int) -> st.SearchStrategy[str]:
     # Built by map, so a failing example is shown as a count, not as 100 KB of text.
     return st.integers(min_value=low, max_value=high).map(lambda n: piece * n)
