@@ -17,61 +17,27 @@ import datetime as dt
 import functools
 import zoneinfo
 
-from hypothesis import given
+from hypothesis import given, reject
 from hypothesis import strategies as st
 
 from dispatcher.cron.crontab import parse
 from dispatcher.cron.errors import CronExpressionError
 from dispatcher.cron.timeline import CronSchedule
+from tests.support.hostile import crontab_expressions
 from tests.test_cron_crontab import ours_next, reference_matcher, reference_next
 
-_MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
-_DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
-_BOUNDS = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
 MINUTE = 60
 
 
 @st.composite
-def _value(draw: st.DrawFn, index: int, low: int, high: int) -> tuple[int, str]:
-    number = draw(st.integers(low, high))
-    names = _MONTHS if index == 3 else _DAYS if index == 4 and number < 7 else None
-    if names and draw(st.booleans()):
-        name = names[number - 1] if index == 3 else names[number]
-        return number, draw(st.sampled_from([name, name.upper(), name.title()]))
-    return number, str(number)
-
-
-@st.composite
-def _item(draw: st.DrawFn, index: int) -> str:
-    low, high = _BOUNDS[index]
-    shape = draw(st.sampled_from(["star", "star-step", "value", "range", "range-step"]))
-    if shape == "star":
-        return "*"
-    if shape == "star-step":
-        return f"*/{draw(st.integers(1, high))}"
-    first, first_text = draw(_value(index, low, high))
-    if shape == "value":
-        return first_text
-    _, last_text = draw(_value(index, first, high))
-    text = f"{first_text}-{last_text}"
-    return f"{text}/{draw(st.integers(1, high))}" if shape == "range-step" else text
-
-
-@st.composite
 def expressions(draw: st.DrawFn) -> str:
-    """A valid five-field expression (or a macro); impossible day/month pairs are skipped."""
-    if draw(st.integers(0, 15)) == 0:
-        return draw(st.sampled_from(["@hourly", "@daily", "@weekly", "@monthly", "@yearly"]))
-    fields = [",".join(draw(st.lists(_item(i), min_size=1, max_size=3))) for i in range(5)]
-    blanks = draw(st.lists(st.sampled_from([" ", "\t", "  "]), min_size=4, max_size=4))
-    text = fields[0] + "".join(b + f for b, f in zip(blanks, fields[1:], strict=True))
+    """A valid expression (or macro); impossible day/month pairs are skipped."""
+    text = draw(crontab_expressions())
     try:
         parse(text)
     except CronExpressionError as err:
         # The only valid-looking input parse() refuses: a day that never occurs in the months.
         assert "never occurs" in err.message, (text, err.message)
-        from hypothesis import reject
-
         reject()
     return text
 

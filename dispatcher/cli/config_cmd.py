@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
+from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, path_arg
 from dispatcher.config import load_config
 from scope.foundation.errors import ConfigError
 
@@ -24,7 +24,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         description="Validate FILE (default: the config dispatch would use) without touching "
         "the state dir. Errors name the file and line; exit 2.",
     )
-    check.add_argument("file", nargs="?", metavar="FILE", help="the file to check")
+    check.add_argument("file", nargs="?", type=path_arg, metavar="FILE", help="the file to check")
     check.set_defaults(handler=handle_check)
     show = subs.add_parser(
         "show",

@@ -15,7 +15,14 @@ from pathlib import Path
 
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, int_arg
+from dispatcher.cli.parser import (
+    Parser,
+    Subparsers,
+    add_group,
+    add_subgroups,
+    int_arg,
+    path_arg,
+)
 from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     board_text,
@@ -113,7 +120,9 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 def _body_options(parser: Parser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--body", metavar="TEXT")
-    group.add_argument("--body-file", metavar="F", help="read the body from F ('-': stdin)")
+    group.add_argument(
+        "--body-file", type=path_arg, metavar="F", help="read the body from F ('-': stdin)"
+    )
 
 
 def _worker_options(parser: Parser) -> None:

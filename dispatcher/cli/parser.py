@@ -5,6 +5,7 @@ valid UTF-8."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -58,6 +59,23 @@ def int_arg(low: int | None = None, high: int | None = None) -> Callable[[str], 
             raise argparse.ArgumentTypeError(err.problem) from None
 
     return integer
+
+
+PATH_MAX = 4096
+NAME_MAX = 255
+
+
+def path_arg(text: str) -> str:
+    """An argparse ``type=`` for a file or directory name: any bytes but NUL, within the
+    kernel's limits (4096 bytes, 255 per name), so no later ``stat`` fails on the name itself."""
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{quote(text)} contains a NUL byte; give a real path")
+    raw = os.fsencode(text)
+    if len(raw) >= PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        raise argparse.ArgumentTypeError(
+            f"{quote(text)} is longer than a path can be ({PATH_MAX} bytes, {NAME_MAX} per name)"
+        )
+    return text
 
 
 def _undecodable(value: object) -> bool:
@@ -116,12 +134,14 @@ def global_options() -> Parser:
     group = common.add_argument_group("global options")
     group.add_argument(
         "--config",
+        type=path_arg,
         metavar="FILE",
         default=argparse.SUPPRESS,
         help="config file (env DISPATCH_CONFIG; default $XDG_CONFIG_HOME/dispatch/config.yaml)",
     )
     group.add_argument(
         "--state-dir",
+        type=path_arg,
         metavar="DIR",
         default=argparse.SUPPRESS,
         help="state directory (env DISPATCH_STATE_DIR; default $XDG_STATE_HOME/dispatch)",

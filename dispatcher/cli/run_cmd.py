@@ -27,7 +27,7 @@ import os
 from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.logs_cmd import stream
-from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group, path_arg
 from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, report
 from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, WatchPattern
@@ -53,7 +53,9 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         description=DESCRIPTION,
     )
     parser.add_argument("--pty", action="store_true", help="run on a pseudo-terminal")
-    parser.add_argument("--cwd", metavar="DIR", help="working directory (default: the current)")
+    parser.add_argument(
+        "--cwd", type=path_arg, metavar="DIR", help="working directory (default: the current)"
+    )
     parser.add_argument(
         "--wait", action="store_true", help="wait for the worker; exit with its result"
     )

@@ -15,7 +15,6 @@ census (``python -m tests.support.census``) counts all four over many inputs.
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import unicodedata
 from collections.abc import Callable
@@ -91,10 +90,21 @@ def _safe_text(text: str, allowed: str = "") -> bool:
 # -- parsers ----------------------------------------------------------------------------------
 
 
-def _crontab(text: str) -> object:
-    from dispatcher.cron.crontab import parse
+_LATE = 253_400_000_000.0  # 9999-12-20: a sparse schedule runs out of calendar here
 
-    return parse(text)
+
+def _crontab(text: str) -> object:
+    """Parsed, then fires computed from 2026 and from just before the end of the calendar."""
+    import zoneinfo
+
+    from dispatcher.cron.crontab import parse
+    from dispatcher.cron.timeline import CronSchedule
+
+    expr = parse(text)
+    schedule = CronSchedule(expr, zoneinfo.ZoneInfo("UTC"))
+    schedule.next_instants(1_780_000_000.0, 3)
+    schedule.next_instants(_LATE, 3)
+    return expr
 
 
 def _duration(text: str) -> object:
@@ -114,18 +124,31 @@ def _size(text: str) -> object:
 
 
 def _count(text: str) -> object:
-    from dispatcher.cli.cron_cmd import MAX_COUNT
-    from scope.foundation.text import parse_int
+    """``--count`` of ``cron next``, as its argparse type converts it."""
+    import argparse
 
-    return parse_int(text, "--count", low=1, high=MAX_COUNT)
+    from dispatcher.cli.cron_cmd import MAX_COUNT
+    from dispatcher.cli.parser import int_arg
+    from scope.foundation.errors import UsageError
+
+    try:
+        return int_arg(1, MAX_COUNT)(text)
+    except argparse.ArgumentTypeError as err:
+        raise UsageError(str(err)) from None  # what the parser turns it into
 
 
 def _iso(text: str) -> object:
-    from scope.foundation.values import parse_iso_time
+    """``--from`` of ``cron next``: parsed, then the next fires computed from it."""
+    from dispatcher.cli.cron_cmd import _parse_from
+    from dispatcher.cron.crontab import parse
+    from dispatcher.cron.timeline import CronSchedule
+    from dispatcher.cron.zones import load_zone
 
-    moment = parse_iso_time(text, dt.UTC)
-    moment.timestamp()  # any accepted time converts to epoch seconds without error
-    return moment
+    for zone in ("UTC", "Pacific/Kiritimati", "Etc/GMT+12"):
+        at = _parse_from(text, zone)
+        for expr in ("* * * * *", "59 23 31 12 *"):
+            CronSchedule(parse(expr), load_zone(zone)).next_instants(at, 3)
+    return at
 
 
 def _zone(text: str) -> object:
@@ -220,55 +243,61 @@ TARGETS = [
     ),
     Target(
         name="duration",
-        strategy=hostile.hostile(hostile.DURATION_TOKENS),
+        strategy=hostile.hostile(hostile.DURATION_TOKENS) | hostile.mutated(hostile.durations()),
         parse=_duration,
         grammar=lambda t, v: bool(_DURATION.fullmatch(t)) and _digit_runs_at_most(t, 18),
     ),
     Target(
         name="size",
-        strategy=hostile.hostile(hostile.SIZE_TOKENS),
+        strategy=hostile.hostile(hostile.SIZE_TOKENS) | hostile.mutated(hostile.sizes()),
         parse=_size,
         grammar=lambda t, v: bool(_SIZE.fullmatch(t)) and _digit_runs_at_most(t, 19),
     ),
     Target(
         name="count",
-        strategy=hostile.hostile(hostile.INT_TOKENS),
+        strategy=hostile.hostile(hostile.INT_TOKENS)
+        | hostile.mutated(st.integers(-5, 2000).map(str)),
         parse=_count,
         grammar=lambda t, v: bool(_INT.fullmatch(t)) and isinstance(v, int) and 1 <= v <= 1000,
     ),
     Target(
         name="iso-time",
-        strategy=hostile.hostile(hostile.ISO_TOKENS, "-:T "),
+        strategy=hostile.hostile(hostile.ISO_TOKENS, "-:T ") | hostile.mutated(hostile.iso_times()),
         parse=_iso,
         grammar=lambda t, v: bool(_ISO.fullmatch(t)),
     ),
     Target(
         name="zone",
-        strategy=hostile.hostile(hostile.ZONE_TOKENS, "/"),
+        strategy=hostile.hostile(hostile.ZONE_TOKENS, "/")
+        | hostile.mutated(st.sampled_from(hostile.ZONE_NAMES)),
         parse=_zone,
         grammar=lambda t, v: bool(_ZONE.fullmatch(t)),
     ),
     Target(
         name="host-zone",
-        strategy=hostile.hostile(hostile.ZONE_TOKENS, "/:"),
+        strategy=hostile.hostile(hostile.ZONE_TOKENS, "/:")
+        | hostile.mutated(st.sampled_from(hostile.ZONE_NAMES).map(lambda z: ":" + z)),
         parse=_host_zone,
         grammar=lambda t, v: isinstance(v, str) and bool(_ZONE.fullmatch(v)),
     ),
     Target(
         name="env-file",
-        strategy=hostile.hostile(hostile.ENV_TOKENS, " \t\n"),
+        strategy=hostile.hostile(hostile.ENV_TOKENS, " \t\n")
+        | hostile.mutated(st.just("# c\nA=1\nexport B = 'two words'\nC=\"x\"\n")),
         parse=_env,
         grammar=_env_ok,
     ),
     Target(
         name="card-id",
-        strategy=hostile.hostile(hostile.ID_TOKENS, ""),
+        strategy=hostile.hostile(hostile.ID_TOKENS, "")
+        | hostile.mutated(st.from_regex(r"(c_)?[0-9a-f]{4,10}", fullmatch=True)),
         parse=_card_id,
         grammar=lambda t, v: isinstance(v, str) and bool(_HEX_ID.fullmatch(v)),
     ),
     Target(
         name="card-title",
-        strategy=hostile.hostile(["title", "a b", "\t", "\n", "é", "🙂"], " "),
+        strategy=hostile.hostile(["title", "a b", "\t", "\n", "é", "🙂"], " ")
+        | hostile.mutated(st.text(min_size=1, max_size=30)),
         parse=_title,
         grammar=_title_ok,
     ),
@@ -286,7 +315,10 @@ TARGETS = [
     ),
     Target(
         name="fire-key",
-        strategy=hostile.hostile(["nightly", "@", "2026-03-29T02:30:00", ",fold=1", ".500"], ""),
+        strategy=hostile.hostile(["nightly", "@", "2026-03-29T02:30:00", ",fold=1", ".500"], "")
+        | hostile.mutated(
+            st.sampled_from(["nightly@2026-03-29T02:30:00,fold=1", "a@0001-01-02T00:00:00"])
+        ),
         parse=_fire_key,
         grammar=lambda t, v: bool(_FIRE_KEY.fullmatch(t)),
     ),
