@@ -58,12 +58,21 @@ class Kind:
 
 
 class Str(Kind):
-    """A string, optionally matching a pattern or one of fixed choices."""
+    """A string, optionally matching a pattern or one of fixed choices. A ``secret`` one
+    (an environment value) is never repeated in an error."""
 
-    def __init__(self, pattern: str | None = None, hint: str = "", nonempty: bool = True) -> None:
+    def __init__(
+        self,
+        pattern: str | None = None,
+        hint: str = "",
+        nonempty: bool = True,
+        *,
+        secret: bool = False,
+    ) -> None:
         self.pattern = re.compile(pattern) if pattern else None
         self.hint = hint
         self.nonempty = nonempty
+        self.secret = secret
         self.label = "string"
 
     def convert(self, value: Any) -> Any:
@@ -72,7 +81,8 @@ class Str(Kind):
         if self.nonempty and not value:
             raise Invalid("must not be empty")
         if self.pattern and not self.pattern.fullmatch(value):
-            raise Invalid(f"invalid value {quote(value)}" + (f"; {self.hint}" if self.hint else ""))
+            shown = "" if self.secret else f" {quote(value)}"
+            raise Invalid(f"invalid value{shown}" + (f"; {self.hint}" if self.hint else ""))
         return value
 
 
@@ -189,6 +199,8 @@ class Argv(Kind):
         if isinstance(value, str):
             if not value.strip():
                 raise Invalid("command must not be empty")
+            if "\0" in value:
+                raise Invalid("a command cannot hold a NUL byte")
             return value
         if isinstance(value, list):
             if not value:
@@ -196,6 +208,8 @@ class Argv(Kind):
             for index, item in enumerate(value):
                 if isinstance(item, bool) or not isinstance(item, str | int | float):
                     raise Invalid(f"argv items must be strings, got {_describe(item)}", (index,))
+                if "\0" in str(item):
+                    raise Invalid("an argument cannot hold a NUL byte", (index,))
             return tuple(str(item) for item in value)
         raise Invalid(f"expected an argv list or a string, got {_describe(value)}")
 
