@@ -376,6 +376,12 @@ class Registry(abc.ABC):
         """Sessions, newest first; running ones only unless ``include_finished``."""
 
     @abc.abstractmethod
+    def find(self, owner: Owner) -> Session | None:
+        """The newest session of ``owner`` (running or finished), or None: an indexed lookup
+        by owner, not a scan of every session. Used to find the worker of a claim whose
+        launcher died before recording it."""
+
+    @abc.abstractmethod
     def poll(self, session_id: str) -> Snapshot:
         """The session's current state and output tail (never blocks)."""
 

@@ -80,6 +80,8 @@ class FakeRegistry(Registry):
         """(session id, the owner that handed it off), as the real store's handoff rows."""
         self._event_listeners: list[EventListener] = []
         self.sessions: dict[str, Session] = {}
+        self._by_owner: dict[Owner, str] = {}
+        """The newest session of each owner (the real store's owner index)."""
         self.outputs: dict[str, bytearray] = {}
         self.stdin: dict[str, bytearray] = {}
         self.requests: dict[str, SpawnRequest] = {}
@@ -240,6 +242,7 @@ class FakeRegistry(Registry):
         )
         with self._cond:
             self.sessions[sid] = session
+            self._by_owner[request.owner] = sid
             self.outputs[sid] = bytearray()
             self.stdin[sid] = bytearray()
             self.requests[sid] = request
@@ -272,6 +275,11 @@ class FakeRegistry(Registry):
     def list_sessions(self, *, include_finished: bool = False) -> list[Session]:
         found = [s for s in self.sessions.values() if include_finished or not s.finished]
         return sorted(found, key=lambda s: s.started_at or 0, reverse=True)
+
+    def find(self, owner: Owner) -> Session | None:
+        with self._cond:
+            sid = self._by_owner.get(owner)
+            return None if sid is None else self.sessions.get(sid)
 
     def poll(self, session_id: str) -> Snapshot:
         return self._snapshot(session_id, "poll")
@@ -381,6 +389,7 @@ class FakeRegistry(Registry):
             for session_id in ids:
                 for table in (self.sessions, self.outputs, self.stdin, self.requests):
                     table.pop(session_id, None)
+            self._by_owner = {o: sid for o, sid in self._by_owner.items() if sid not in ids}
             # As in the real store: acknowledged events and handoffs go with the session;
             # unacknowledged events stay until acknowledged.
             self.event_log = [e for e in self.event_log if not (e.session_id in ids and e.acked)]
@@ -446,6 +455,9 @@ class FakeRegistry(Registry):
             self._handoffs.append((session_id, str(current)))
             moved = replace(session, owner=to, handoff_note=text, handoff_from=current)
             self.sessions[session_id] = moved
+            if self._by_owner.get(current) == session_id:
+                del self._by_owner[current]
+            self._by_owner[to] = session_id
             event = self._store_event(
                 moved, EventType.HANDOFF, note=text, data={"from": str(current), "to": str(to)}
             )

@@ -7,10 +7,11 @@ it. What it does, in order:
 1. honours the scope gate (``DISPATCH_SCOPE_GATE_FD``: read one byte; ``b"1"`` = go, anything
    else or EOF = exit at once, before touching anything);
 2. ``setsid``; ignores SIGPIPE, SIGXFSZ and (until its handler is up) SIGHUP, so neither the
-   launcher going away nor a full disk can kill it;
+   launcher going away nor a full disk can kill it, and clears the signal mask it inherited;
 3. starts the worker in its own process group (pipe mode) or on a new PTY (PTY mode, where the
-   worker leads its own session); a worker that cannot start yields an exit record with state
-   ``failed_start`` and the reason;
+   worker leads its own session), with every signal at its default disposition and an empty
+   signal mask (as systemd starts a service); a worker that cannot start yields an exit record
+   with state ``failed_start`` and the reason;
 4. appends every output byte to ``output.log`` (head kept up to the cap, the rest counted and
    dropped behind one marker line; bytes lost to a full disk are counted and marked when the
    disk accepts writes again);
@@ -509,6 +510,9 @@ class Keeper:
             # The handler does nothing: the signal number arrives through the wakeup pipe, which
             # also interrupts poll() (PEP 475 would otherwise resume it).
             _signal.signal(sig, _noop)
+        # A launcher that blocks signals passes its mask on through exec: unblock, or SIGCHLD
+        # and the stop signals would never reach the handlers above.
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
         # Not O_APPEND: splice() refuses append-mode targets. We are the log's only writer
         # and keep the position ourselves.
         self.log_fd = posix.open(self.log_path, posix.O_WRONLY | posix.O_CREAT, 0o600)
@@ -582,17 +586,7 @@ class Keeper:
     def _child(self, err_w: int, fds: list[int]) -> None:
         """In the forked child: become the worker, or report why not and exit 127."""
         try:
-            for sig in (
-                _signal.SIGPIPE,
-                _signal.SIGXFSZ,
-                _signal.SIGHUP,
-                _signal.SIGCHLD,
-                _signal.SIGTERM,
-                _signal.SIGINT,
-            ):
-                _signal.signal(sig, _signal.SIG_DFL)
-            _signal.set_wakeup_fd(-1)
-            _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+            _default_signals()
             if self.pty:
                 posix.login_tty(fds[0])
             else:
@@ -1043,6 +1037,20 @@ def _noop(signum: int, frame: object) -> None:
 
 def _all_signals() -> set[int]:
     return set(_signal.valid_signals()) - {_signal.SIGKILL, _signal.SIGSTOP}
+
+
+def _default_signals() -> None:
+    """In the forked worker: every catchable signal back to its default disposition and an
+    empty signal mask, as systemd does for its services. A launcher started from a background
+    job, ``nohup`` or a non-interactive shell runs with SIGINT/SIGQUIT/SIGHUP ignored, and an
+    ignored disposition survives exec; the worker must not inherit that."""
+    _signal.set_wakeup_fd(-1)
+    for sig in _all_signals():
+        try:
+            _signal.signal(sig, _signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # reserved by the C library (the realtime signals glibc keeps for itself)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
 
 
 def _read_all(fd: int) -> bytes:

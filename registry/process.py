@@ -228,6 +228,10 @@ class ProcessRegistry(Registry):
                 found.append(session)
         return found
 
+    def find(self, owner: Owner) -> Session | None:
+        stored = self.store.by_owner(owner)
+        return None if stored is None else self.reconciler.refresh(stored).session
+
     # -- output ------------------------------------------------------------------------------
 
     def poll(self, session_id: str) -> Snapshot:

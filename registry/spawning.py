@@ -46,6 +46,12 @@ SERVICE_ENV = (
     "LISTEN_FDNAMES",
     "JOURNAL_STREAM",
     "MANAGERPID",
+    "MAINPID",
+    "SYSTEMD_EXEC_PID",
+    "TRIGGER_UNIT",
+    "TRIGGER_PATH",
+    "TRIGGER_TIMER_REALTIME_USEC",
+    "TRIGGER_TIMER_MONOTONIC_USEC",
 )
 """systemd's per-service variables: a worker that inherited them (from a gateway run as a
 service) would believe it is that service (sd_notify to the gateway's socket, socket

@@ -35,7 +35,6 @@ from registry.changes import (
     WatchMark,
 )
 from registry.events import V2_SCHEMA, EventDraft, EventStore
-from registry.prune import due_for_pruning
 from registry.state import Component, Migration, StateDB
 from scope.abc import CallerKind, Placement
 
@@ -97,6 +96,12 @@ COMPONENT = Component(
     migrations=[
         Migration(version=1, apply=_V1, note="sessions"),
         Migration(version=2, apply=V2_SCHEMA, note="events, handoffs, notification columns"),
+        Migration(
+            version=3,
+            apply="CREATE INDEX registry_sessions_owner"
+            " ON registry_sessions (owner_kind, owner_id, created_at);",
+            note="sessions by owner",
+        ),
     ],
 )
 """The registry's tables; listed in :func:`dispatcher.app.database.components`."""
@@ -507,6 +512,17 @@ class SessionStore:
         """Rows recorded as running."""
         return self.sessions(include_finished=False)
 
+    def by_owner(self, owner: Owner) -> StoredSession | None:
+        """The newest row of ``owner`` (any state), through the owner index."""
+        with self.db.read() as conn:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM registry_sessions"  # noqa: S608
+                " WHERE owner_kind = ? AND owner_id = ? ORDER BY created_at DESC, id DESC"
+                " LIMIT 1",
+                (owner.kind, owner.id),
+            ).fetchone()
+        return None if row is None else _row_to_stored(row)
+
     def owned_running(self, owner: Owner) -> list[StoredSession]:
         """Running rows of ``owner``."""
         with self.db.read() as conn:
@@ -536,6 +552,8 @@ class SessionStore:
             rows = conn.execute(
                 "SELECT id, finished_at FROM registry_sessions WHERE state != 'running'"
             ).fetchall()
+            from registry.prune import due_for_pruning  # only pruning needs the policy
+
             due = due_for_pruning(
                 ((r["id"], r["finished_at"]) for r in rows),
                 finished_before=finished_before,

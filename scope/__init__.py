@@ -9,12 +9,11 @@ Uses nothing else of this project. See :mod:`scope.abc` for the contract. Entry 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs every CLI start-up; the annotations are strings anyway
+    from collections.abc import Mapping
 
-from scope.abc import Policy, Scoper
-
-if TYPE_CHECKING:
+    from scope.abc import Policy, Scoper
     from scope.foundation.clock import Clock
     from scope.settings import ScopeSettings
 
@@ -28,6 +27,10 @@ def policy_from(
 ) -> Policy:
     """The placement policy from the two config keys (``cron.require_restart_safe_scope``,
     ``kanban.degrade_without_scope``)."""
+    # Imported here: `import scope.foundation.errors` (every CLI start) must not pay for
+    # scope.abc and its dataclasses.
+    from scope.abc import Policy
+
     return Policy(
         cron_require_restart_safe_scope=bool(cron_require_restart_safe_scope),
         kanban_degrade_without_scope=bool(kanban_degrade_without_scope),

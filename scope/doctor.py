@@ -3,25 +3,27 @@
 Built here rather than in the CLI so the gateway (``dispatch status``) can reuse it. The JSON
 shape is fixed by the issue; other areas may add keys (the gateway adds ``units``)::
 
-    {"bus": {"path", "ok", "detail"},
+    {"system": {"booted_with_systemd", "detail"},
+     "bus": {"path", "ok", "detail"},
      "manager": {"reachable", "kind", "version"},
      "probe": {"ok", "backend", "elapsed_ms", "detail"},
      "placement": {"gateway_cron", "gateway_kanban", "oneshot", "cli"},   # value or "refused"
-     "remedies": [str, ...]}
+     "problems": [str, ...],     # symptoms: what is wrong (not what to do)
+     "remedies": [str, ...]}     # what to do, most durable first, each once
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from scope.abc import CallerKind, Placement
 from scope.errors import ScopeUnavailable
-from scope.facts import login_name
 from scope.placement import decide
 from scope.systemd import SystemdScoper
 
-__all__ = ["REFUSED", "diagnose", "healthy"]
+__all__ = ["REFUSED", "booted_with_systemd", "diagnose", "healthy"]
 
 REFUSED = "refused"
 
@@ -35,19 +37,36 @@ _CALLERS = (
 )
 
 
-def diagnose(scoper: SystemdScoper, *, force_probe: bool = True) -> dict[str, Any]:
+SYSTEMD_MARKER = "/run/systemd/system"
+"""Exists exactly when the machine was booted with systemd as PID 1 (sd_booted(3))."""
+
+
+def booted_with_systemd(marker: str = SYSTEMD_MARKER) -> bool:
+    """Whether systemd is the init system here (sd_booted's test)."""
+    return os.path.isdir(marker)
+
+
+def diagnose(
+    scoper: SystemdScoper, *, force_probe: bool = True, marker: str = SYSTEMD_MARKER
+) -> dict[str, Any]:
     """Collect the report (see the module docstring). Probes afresh unless told otherwise."""
     info = scoper.discover()
     verdict = scoper.probe(force=force_probe)
     manager = scoper.manager_status()
+    # A manager that answers wins over the marker (a test's private manager lives in a mount
+    # namespace of its own): only "no marker and nobody answers" means "no systemd here".
+    booted = booted_with_systemd(marker) or verdict.ok or manager.reachable
     facts = scoper.facts(probe=False)
     facts = dataclasses.replace(facts, probe_ok=verdict.ok, probe_detail=verdict.detail)
 
     placement: dict[str, str] = {}
     remedies: list[str] = []
     for key, caller, in_unit in _CALLERS:
-        these = facts if in_unit is None else dataclasses.replace(facts, in_teardown_unit=in_unit)
-        if in_unit and not these.caller_unit:
+        # Without systemd there are no units that could kill their children: judge every
+        # caller as it really runs (a shell, a container entry point, a supervisor).
+        judged = (False if not booted else in_unit) if in_unit is not None else None
+        these = facts if judged is None else dataclasses.replace(facts, in_teardown_unit=judged)
+        if judged and not these.caller_unit:
             these = dataclasses.replace(these, caller_unit="the gateway's or oneshot unit")
         try:
             decision = decide(these, caller, scoper.policy, wants_isolation=True)
@@ -58,17 +77,20 @@ def diagnose(scoper: SystemdScoper, *, force_probe: bool = True) -> dict[str, An
         placement[key] = decision.placement.value
         _add(remedies, decision.remedy)
 
-    user = login_name(scoper.uid)
+    problems: list[str] = []
     if not verdict.ok:
         if info.detail:
-            remedies.insert(0, f"bus: {info.detail}")
+            problems.append(f"bus: {info.detail}")
         if not manager.reachable:
-            remedies.insert(
-                0,
-                f"no systemd manager is reachable: run 'loginctl enable-linger {user}' (a user "
-                "manager that runs without a login session), then re-run 'dispatch doctor'",
-            )
+            problems.append(f"no systemd {manager.kind} manager is reachable")
+    if not booted:
+        remedies = list(_UNBOOTED_REMEDIES)
+    system = {
+        "booted_with_systemd": booted,
+        "detail": None if booted else _UNBOOTED,
+    }
     return {
+        "system": system,
         "bus": {"path": info.bus_path, "ok": info.bus_ok, "detail": info.detail},
         "manager": {
             "reachable": manager.reachable,
@@ -82,8 +104,26 @@ def diagnose(scoper: SystemdScoper, *, force_probe: bool = True) -> dict[str, An
             "detail": verdict.detail,
         },
         "placement": placement,
+        "problems": problems,
         "remedies": remedies,
     }
+
+
+_UNBOOTED = (
+    f"this machine was not booted with systemd ({SYSTEMD_MARKER} is missing: a container, "
+    "WSL or a minimal VM), so no systemd manager can hold scopes and no unit can kill "
+    "workers either: every worker runs in_process, in its own session under its keeper; it "
+    "outlives the gateway, a oneshot tick and the shell that started it, but not a reboot or "
+    "the container's stop"
+)
+_UNBOOTED_REMEDIES = (
+    "nothing to fix for in_process workers: start 'dispatch serve' from a shell, tmux or the "
+    "container's entry point",
+    "for restart-safe scopes, run dispatch on a host booted with systemd (then "
+    "'dispatch doctor' there names what is missing)",
+    "under a service manager that kills its children on stop (not systemd), set "
+    "kanban.degrade_without_scope: true or keep the gateway outside it",
+)
 
 
 def healthy(report: dict[str, Any]) -> bool:

@@ -176,17 +176,7 @@ class SystemdRunBackend(UnitBackend):
     ) -> Launched:
         program = resolve_program(spec.argv[0], spec.env, spec.cwd)
         command = self._command(info, unit, spec, properties, expand)
-        # systemd-run must find the trusted manager; the program gets the spec's values back.
-        run_env = dict(spec.env)
-        edits: list[str] = []
-        for key in (RUNTIME_ENV, BUS_ENV):
-            want, have = spec.env.get(key), info.env.get(key)
-            if have is None:
-                run_env.pop(key, None)
-            else:
-                run_env[key] = have
-            if want != have:
-                edits += ["-u", key] if want is None else ["-s", key, want]
+        run_env, edits = _bus_environment(spec, info)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         prog_err, pipe_reader = _program_stderr(spec.stderr)
@@ -363,3 +353,21 @@ def _read_all(fd: int, bound: float) -> str:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _bus_environment(spec: LaunchSpec, info: BusInfo) -> tuple[dict[str, str], list[str]]:
+    """systemd-run's environment and the wrapper's edits back to the spec's values.
+
+    systemd-run must find the trusted manager (``info``'s runtime dir and bus); the program
+    then gets exactly the spec's values again (``-u KEY`` to unset, ``-s KEY VALUE`` to set)."""
+    run_env = dict(spec.env)
+    edits: list[str] = []
+    for key in (RUNTIME_ENV, BUS_ENV):
+        want, have = spec.env.get(key), info.env.get(key)
+        if have is None:
+            run_env.pop(key, None)
+        else:
+            run_env[key] = have
+        if want != have:
+            edits += ["-u", key] if want is None else ["-s", key, want]
+    return run_env, edits

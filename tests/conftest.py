@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.support.leaks import leak_guard
-from tests.support.postgres import pg_url, postgres_server
+from tests.support.postgres import cluster_db, pg_url, postgres_server
 from tests.support.postgres import summary_line as postgres_summary_line
 from tests.support.systemd import (
     mark_systemd_users,
@@ -17,7 +17,14 @@ from tests.support.systemd import (
     systemd_marker_gate,
 )
 
-__all__ = ["leak_guard", "pg_url", "postgres_server", "systemd_manager", "systemd_marker_gate"]
+__all__ = [
+    "cluster_db",
+    "leak_guard",
+    "pg_url",
+    "postgres_server",
+    "systemd_manager",
+    "systemd_marker_gate",
+]
 
 pytest_plugins = ("pytester",)
 

@@ -128,3 +128,24 @@ def test_default_state_dir_follows_xdg(tmp_path: Path) -> None:
     assert resolve_state_dir(None, {"XDG_STATE_HOME": str(tmp_path)}) == tmp_path / "dispatch"
     assert resolve_state_dir(None, {"HOME": "/home/u"}) == Path("/home/u/.local/state/dispatch")
     assert resolve_state_dir("/x/y", {"DISPATCH_STATE_DIR": "/a"}) == Path("/x/y")
+
+
+@pytest.mark.skipif(
+    os.path.isdir("/run/systemd/system"), reason="this host was booted with systemd"
+)
+def test_doctor_on_a_host_without_systemd_says_so_first(tmp_path: Path) -> None:
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = {"XDG_RUNTIME_DIR": str(runtime), "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    env["DBUS_SESSION_BUS_ADDRESS"] = ""
+    proc = dispatch("doctor", env=env)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "system:    FAIL  not booted with systemd"
+    assert "enable-linger" not in proc.stdout  # it would fail on such a host
+    assert "in_process" in lines[1]
+    remedies = lines[lines.index("remedies:") + 1 :]
+    assert len(remedies) == len(set(remedies))
+    assert "gateway_kanban  in_process" in proc.stdout
+    report = __import__("json").loads(dispatch("doctor", "--json", env=env).stdout)
+    assert report["system"] == {"booted_with_systemd": False, "detail": report["system"]["detail"]}

@@ -14,9 +14,9 @@ workers are all ``true``. The rules checked for every command line:
 * on exit 2 every file in the state dir is byte-identical to before (SQLite's ``-shm`` index
   excepted: readers update it).
 
-What would run unbounded is kept out: ``serve`` and ``events --follow`` are never generated,
-``run`` always runs ``true``, the options that pick the config and state dir keep their test
-values, and paths a command would create stay in the test's directory.
+What would run unbounded is kept out: ``serve``, ``-f``/``--follow`` and a view's ``--watch``
+are never generated, ``run`` always runs ``true``, the options that pick the config and state
+dir keep their test values, and paths a command would create stay in the test's directory.
 A handful of real processes then check the same with raw bytes on the command line.
 """
 

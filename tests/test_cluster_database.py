@@ -17,7 +17,8 @@ from dispatcher.cluster.database import (
     redact,
 )
 from dispatcher.kanban.abc import ClaimVerdict
-from dispatcher.kanban.model import Claimer, Limits, NewCard
+from dispatcher.kanban.model import Limits, NewCard
+from dispatcher.launch.claimant import Claimant
 from scope.foundation.errors import ConfigError
 
 NOW = 1_800_000_000.0
@@ -88,7 +89,10 @@ def test_hosts_racing_for_one_card_open_one_run(pg_url: str) -> None:
         with ClusterDB(pg_url, max_size=1) as db:
             barrier.wait(timeout=10)
             claim = PgBoardStore(db).claim(
-                card.id, now=NOW, claimer=Claimer(pid=n, start=n), limits=Limits(max_in_progress=9)
+                card.id,
+                now=NOW,
+                claimer=Claimant(pid=n, start=n, boot=None),
+                limits=Limits(max_in_progress=9),
             )
             if claim.verdict is ClaimVerdict.CLAIMED:
                 winners.append(str(n))
@@ -119,7 +123,7 @@ def test_the_cluster_wide_cap_holds_under_concurrent_claims(pg_url: str) -> None
                 mine.claim(
                     card_id,
                     now=NOW,
-                    claimer=Claimer(pid=n, start=n),
+                    claimer=Claimant(pid=n, start=n, boot=None),
                     limits=Limits(max_in_progress=5),
                 )
 

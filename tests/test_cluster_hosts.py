@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,24 +14,24 @@ import pytest
 from dispatcher.cluster.board import HostStamp, PgBoardStore
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.hosts import DuplicateHost, Hosts, Superseded
+from dispatcher.cluster.rescue import Rescuer
 from dispatcher.kanban.abc import ClaimVerdict
 from dispatcher.kanban.errors import StaleRun
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,
-    Claimer,
     EventKind,
     Limits,
     NewCard,
-    RunOutcome,
-    RunResult,
 )
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 
 pytestmark = pytest.mark.postgres
 
 NOW = 1_800_000_000.0
 TTL = 30.0
-ME = Claimer(pid=1, start=1)
+ME = Claimant(pid=1, start=1, boot=None)
 
 
 class Shift:
@@ -46,10 +45,8 @@ class Shift:
 
 
 @pytest.fixture
-def db(pg_url: str) -> Iterator[ClusterDB]:
-    with ClusterDB(pg_url) as cluster:
-        cluster.migrate()
-        yield cluster
+def db(cluster_db: ClusterDB) -> ClusterDB:
+    return cluster_db
 
 
 @pytest.fixture
@@ -111,18 +108,20 @@ def test_rescue_closes_lost_runs_once_and_fences_the_old_host(
 
     shift.seconds = TTL + 1  # a is partitioned away; b keeps renewing
     hosts.renew("b", 1)
-    assert on_b.rescue(hosts, "a", 1, now=NOW + 40) == [run_id]
-    assert on_b.rescue(hosts, "a", 1, now=NOW + 41) == []  # never twice
+    rescuer = Rescuer(on_b, hosts, on_b.stamp, heir_claimant="b:1:x")  # type: ignore[arg-type]
+    rescued = rescuer.rescue("a", 1, now=NOW + 40)
+    assert rescued is not None and rescued.runs == (run_id,) and rescued.epoch == 2
+    assert rescuer.rescue("a", 1, now=NOW + 41) is None  # never twice
 
     run = on_b.get_run(run_id)
-    assert run.outcome is RunOutcome.LOST and run.infrastructure
+    assert run.outcome is Outcome.LOST and run.infrastructure
     rescued = on_b.get_card(card.id)
     assert rescued.status is CardStatus.READY and rescued.consecutive_failures == 0
     assert EventKind.INTERRUPTED in [e.kind for e in on_b.events_of(card.id)]
 
     # a comes back: every write it makes about its old run changes nothing.
     done = CardChange(fields={"status": CardStatus.DONE})
-    result = RunResult(outcome=RunOutcome.COMPLETED, exit_code=0)
+    result = Result(outcome=Outcome.COMPLETED, exit_code=0)
     assert on_a.close_run(run_id, result, lambda c, r: done, now=NOW + 50) is None
     with pytest.raises(StaleRun):
         on_a.worker_move(card.id, run_id, CardStatus.DONE, now=NOW + 50)
@@ -141,7 +140,9 @@ def test_a_run_of_a_current_epoch_is_never_rescued(
     card, _ = store.add_card(NewCard(title="t", assignee="x"), now=NOW)
     store.claim(card.id, now=NOW, claimer=ME, limits=Limits(max_in_progress=5))
     shift.seconds = TTL - 1
-    assert store.rescue(hosts, "a", 1, now=NOW) == []
+    other = HostStamp(host_id="b", epoch=1)
+    assert Rescuer(store, hosts, other, heir_claimant="x").rescue("a", 1, now=NOW) is None
+    assert Rescuer(store, hosts, other, heir_claimant="x").sweep(now=NOW) == []
     assert store.get_card(card.id).status is CardStatus.RUNNING
 
 

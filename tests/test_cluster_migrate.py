@@ -16,13 +16,12 @@ from dispatcher.cron.ledger import Kind, Ledger, Status
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,
-    Claimer,
     Limits,
     NewCard,
-    RunOutcome,
-    RunResult,
 )
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 
 pytestmark = pytest.mark.postgres
 NOW = 1_800_000_000.0
@@ -36,13 +35,16 @@ def _fill(state_dir: Path) -> tuple[str, str]:
             NewCard(title="child", assignee="a", parents=(parent.id,)), now=NOW
         )
         run = board.claim(
-            parent.id, now=NOW, claimer=Claimer(pid=1, start=1), limits=Limits(max_in_progress=3)
+            parent.id,
+            now=NOW,
+            claimer=Claimant(pid=1, start=1, boot=None),
+            limits=Limits(max_in_progress=3),
         ).run
         assert run is not None
         done = CardChange(fields={"status": CardStatus.DONE})
         board.close_run(
             run.run_id,
-            RunResult(outcome=RunOutcome.COMPLETED, exit_code=0),
+            Result(outcome=Outcome.COMPLETED, exit_code=0),
             lambda c, r: done,
             now=NOW + 1,
         )

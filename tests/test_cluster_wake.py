@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,10 +19,8 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def db(pg_url: str) -> Iterator[ClusterDB]:
-    with ClusterDB(pg_url) as cluster:
-        cluster.migrate()
-        yield cluster
+def db(cluster_db: ClusterDB) -> ClusterDB:
+    return cluster_db
 
 
 class Wakes:

@@ -269,7 +269,9 @@ def test_history_rows(cli: Cli) -> None:
 def test_config_errors_name_file_and_line(cli: Cli, job: str, line: int, fragment: str) -> None:
     config = cli.tmp_path / "bad.yaml"
     config.write_text(f"cron:\n  jobs:\n    - id: ok\n      command: [x]\n      {job}\n")
-    code, out, err = cli("cron", "list", config=config)
+    # `cron list` only reads, so it goes on with a warning (issue 14); a write or
+    # `config check` refuses.
+    code, out, err = cli("config", "check", config=config)
     message = one_line_error(code, err)
     assert f"{config}:{line}:" in message
     assert fragment in message
@@ -284,6 +286,44 @@ def test_duplicate_job_ids_are_a_config_error(cli: Cli) -> None:
         "    - id: a\n      every: 1h\n      command: [x]\n"
         "    - id: a\n      every: 2h\n      command: [y]\n"
     )
-    code, _, err = cli("cron", "list", config=config)
+    code, _, err = cli("cron", "pause", "a", config=config)
     message = one_line_error(code, err)
     assert "duplicate job id 'a'" in message and f"{config}:6:" in message
+
+
+def test_cron_list_shows_each_job_in_its_own_zone_not_the_shells_tz(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import datetime as dt
+    import zoneinfo
+
+    from dispatcher.cli.main import main as cli_main
+    from dispatcher.cron.zones import host_zone_name
+    from scope.foundation.clock import FakeClock
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "cron:\n  jobs:\n"
+        "    - id: ny\n      schedule: '0 9 * * *'\n      timezone: America/New_York\n"
+        "      command: [sh, -c, ':']\n"
+        "    - id: local\n      schedule: '30 6 * * *'\n      command: [sh, -c, ':']\n"
+    )
+    env = {
+        "DISPATCH_CONFIG": str(config),
+        "DISPATCH_STATE_DIR": str(tmp_path / "state"),
+        "HOME": str(tmp_path),
+        "TZ": "Asia/Tokyo",  # the viewer's zone: must not become the jobs' zone
+    }
+    ny = zoneinfo.ZoneInfo("America/New_York")
+    now = dt.datetime(2026, 11, 30, 8, 56, 0, tzinfo=ny).timestamp()
+    assert cli_main(["cron", "list"], environ=env, clock=FakeClock(now)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ny_row = next(line for line in lines if line.startswith("ny "))
+    assert "America/New_York" in ny_row and "09:00:00 EST" in ny_row and "in 4m" in ny_row
+    local_row = next(line for line in lines if line.startswith("local "))
+    assert host_zone_name({}) in local_row and "Asia/Tokyo" not in local_row
+    assert cli_main(["cron", "list", "--json"], environ=env, clock=FakeClock(now)) == 0
+    jobs = {j["id"]: j for j in json.loads(capsys.readouterr().out)}
+    assert jobs["ny"]["next_fire"] == "2026-11-30T09:00:00-05:00"
+    assert jobs["local"]["timezone"] == host_zone_name({})
+    assert "next_fire_at" not in jobs["ny"]  # JSON carries ISO-8601 only

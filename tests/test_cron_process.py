@@ -457,6 +457,27 @@ def test_cron_run_cli(tmp_path):
     assert len(unknown.stderr.strip().splitlines()) == 1
 
 
+def test_cron_run_fails_when_the_fire_cannot_start(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "cron:\n  jobs:\n"
+        "    - id: gone\n      every: 1h\n      command: [/nonexistent/dispatch-job]\n"
+        "    - id: nowhere\n      every: 1h\n      command: [sh, -c, 'exit 0']\n"
+        "      cwd: no-such-dir\n"
+    )
+    env = {**no_bus_env(tmp_path), "PYTHONPATH": str(ROOT)}
+    base = ["--config", str(config), "--state-dir", str(tmp_path / "state")]
+    missing = dispatch(*base, "cron", "run", "gone", env=env)
+    assert missing.returncode == 1, (missing.stdout, missing.stderr)
+    (line,) = missing.stderr.strip().splitlines()
+    assert "failed_start" in line
+    assert dispatch(*base, "cron", "run", "gone", "--wait", env=env).returncode == 127
+    unusable = dispatch(*base, "cron", "run", "nowhere", env=env)
+    assert unusable.returncode == 1
+    (line,) = unusable.stderr.strip().splitlines()
+    assert "config_error" in line and "not a directory" in line
+
+
 # -- the real-systemd tier -------------------------------------------------------------------
 
 

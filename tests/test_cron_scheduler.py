@@ -543,7 +543,7 @@ def test_env_file(world: World) -> None:
     os.chmod(env_file, 0o644)
     s.tick(world.at("2026-01-05T10:05:00"))
     bad = world.rows()[1]
-    assert bad.shown_outcome == "failed_start"
+    assert bad.shown_outcome == "config_error"  # retrying cannot help
     assert "chmod 600" in (bad.error or "") and str(env_file) in (bad.error or "")
 
 

@@ -139,7 +139,7 @@ def test_a_v1_database_upgrades_and_keeps_its_sessions(tmp_path: Path) -> None:
     assert stored is not None
     assert stored.session.state is SessionState.EXITED
     assert stored.session.notify is False and stored.session.watch == ()
-    assert store.db.versions()["registry"] == 2
+    assert store.db.versions()["registry"] == COMPONENT.latest
     with pytest.raises(sqlite3.IntegrityError), store.db.write() as conn:  # one (session, seq)
         for _ in range(2):
             conn.execute(

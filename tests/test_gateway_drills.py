@@ -13,7 +13,6 @@ import itertools
 import json
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 
 from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
-from tests.support.cli import run_dispatch
+from tests.support.cli import dispatch_argv, run_dispatch
 from tests.support.systemd import SystemdManager
 
 pytestmark = [pytest.mark.systemd, pytest.mark.slow]
@@ -63,16 +62,7 @@ class Gate:
 
     def start(self) -> str:
         self.unit = self.manager.run_transient_service(
-            [
-                sys.executable,
-                "-m",
-                "dispatcher.cli.main",
-                "--config",
-                str(self.config),
-                "--state-dir",
-                str(self.state),
-                "serve",
-            ],
+            dispatch_argv(self.config, self.state, "serve"),
             env={"HOME": str(self.home), "PYTHONPATH": str(ROOT)},
             type="notify",
             name=self.unit,

@@ -9,14 +9,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import run_dispatch
+from tests.support.cli import dispatch_argv, run_dispatch
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,16 +67,7 @@ class Serve:
             env["WATCHDOG_USEC"] = str(watchdog_usec)
         self.stderr = open(self.stderr_path, "a")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dispatcher.cli.main",
-                "--config",
-                str(self.config),
-                "--state-dir",
-                str(self.state),
-                "serve",
-            ],
+            dispatch_argv(self.config, self.state, "serve"),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
@@ -213,3 +203,40 @@ def test_sighup_rejects_a_bad_config_and_applies_a_good_one(serve: Serve) -> Non
     card_id = serve.dispatch("kanban", "add", "new", "--assignee", "late").stdout.strip()
     wait_for(lambda: serve.card(card_id)["status"] == "done", timeout=10, what="card done")
     assert serve.stop() == 0
+
+
+def test_dispatch_reload_waits_for_the_verdict_and_status_shows_it(serve: Serve) -> None:
+    proc = serve.start()
+    good = serve.config.read_text()
+    serve.config.write_text(good + "  bogus: [\n")
+    rejected = serve.dispatch("reload", "--pid", str(proc.pid), check=False)
+    assert rejected.returncode == 2, rejected.stderr
+    (line,) = rejected.stderr.strip().splitlines()
+    assert "reload rejected" in line and "config.yaml:" in line and "old config" in line
+    status = json.loads(serve.dispatch("status", "--json").stdout)
+    assert status["serve"]["last_reload"]["ok"] is False
+    messages = [e["message"] for e in status["recent_errors"]]
+    assert any(m.startswith("reload rejected") for m in messages), messages
+    # RELOADING=1 (with the MONOTONIC_USEC notify-reload needs), then READY=1.
+    assert "MONOTONIC_USEC=" in serve.wait_message("RELOADING=1")
+
+    serve.config.write_text(good)
+    applied = serve.dispatch("reload", "--json")
+    record = json.loads(applied.stdout)
+    assert record["ok"] is True and record["pid"] == proc.pid and record["generation"] == 2
+    status = json.loads(serve.dispatch("status", "--json").stdout)
+    assert status["serve"]["last_reload"]["ok"] is True
+    assert not any(e["message"].startswith("reload rejected") for e in status["recent_errors"])
+    human = serve.dispatch("status").stdout
+    assert "reload:     applied" in human
+    # A pid that is not the state dir's serve is refused, and nothing is signalled.
+    other = serve.dispatch("reload", "--pid", str(os.getpid()), check=False)
+    assert other.returncode == 1 and f"is pid {proc.pid}" in other.stderr
+    assert serve.stop() == 0
+
+
+def test_dispatch_reload_without_a_serve_says_so(serve: Serve) -> None:
+    done = serve.dispatch("reload", check=False)
+    assert done.returncode == 1
+    assert "no dispatch serve is running" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

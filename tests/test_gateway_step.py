@@ -109,7 +109,8 @@ def test_a_card_added_without_a_poke_runs_at_the_next_board_poll(leak_guard, rig
     assert rig.gateway.kanban_ticks == ticks
     rig.step_at(BOARD_POLL)
     assert rig.gateway.kanban_ticks == ticks + 1
-    assert rig.status(card_id) is CardStatus.RUNNING
+    # Claimed by that tick (the quick worker may already be over when its spawn returns).
+    assert rig.status(card_id) in (CardStatus.RUNNING, CardStatus.DONE)
 
     # The worker's end reaches the gateway through the registry's follower; the next step
     # closes the run without any time passing on the clock.

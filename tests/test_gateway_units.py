@@ -41,7 +41,9 @@ def test_parse_unit_accumulates_and_resets() -> None:
 
 def test_degrading_oneshot_with_control_group_is_flagged(tmp_path: Path, linger_dir: Path) -> None:
     (linger_dir / "alice").touch()
-    text = "[Service]\nType=oneshot\nExecStart=/usr/bin/dispatch kanban tick\n"
+    text = (
+        f"[Service]\nType=oneshot\nExecStart={sys.executable} -m dispatcher.cli.main kanban tick\n"
+    )
     report = inspect_unit(unit(tmp_path, text), degrade_without_scope=True, current_user="alice")
     assert report["role"] == "kanban-tick"
     assert report["checks"]["kill_mode"]["ok"] is False
@@ -62,7 +64,11 @@ def test_serve_wants_type_notify_and_linger(tmp_path: Path) -> None:
 
 def test_system_unit_needs_the_users_runtime_dir(tmp_path: Path, linger_dir: Path) -> None:
     (linger_dir / "root").touch()
-    base = "[Service]\nType=notify\nUser=root\nExecStart=/usr/bin/dispatch serve\n"
+    program = f"{sys.executable} -m dispatcher.cli.main"
+    base = (
+        f"[Service]\nType=notify\nUser=root\nExecStart={program} serve\n"
+        f"ExecReload={program} reload --pid $MAINPID\n"
+    )
     missing = inspect_unit(
         unit(tmp_path, base, "system"), degrade_without_scope=False, current_user="x"
     )
@@ -100,5 +106,44 @@ def test_doctor_json_has_units(tmp_path: Path) -> None:
     report = json.loads(proc.stdout)
     (found,) = report["units"]
     assert found["manager"] == "system" and found["role"] == "serve"
-    assert set(found["checks"]) == {"kill_mode", "type", "linger", "runtime_dir"}
+    assert set(found["checks"]) == {
+        "kill_mode",
+        "type",
+        "exec_start",
+        "exec_reload",
+        "linger",
+        "runtime_dir",
+    }
     assert proc.returncode == (0 if report["probe"]["ok"] else 1)
+
+
+def test_exec_start_must_exist_and_reload_should_wait(tmp_path: Path) -> None:
+    text = "[Service]\nType=notify\nExecStart=%h/.local/bin/no-such-dispatch serve\n"
+    text += "ExecReload=/bin/kill -HUP $MAINPID\n"
+    report = inspect_unit(unit(tmp_path, text), degrade_without_scope=False, current_user="root")
+    start = report["checks"]["exec_start"]
+    assert start["ok"] is False and start["value"].endswith("/.local/bin/no-such-dispatch")
+    assert not start["value"].startswith("%h")  # the specifier is expanded
+    assert report["checks"]["exec_reload"]["ok"] is False
+    remedies = " ".join(report["remedies"])
+    assert "does not exist" in remedies and "reload --pid $MAINPID" in remedies
+    fine = f"[Service]\nExecStart=-{sys.executable} -m dispatcher.cli.main kanban tick\n"
+    tick = inspect_unit(unit(tmp_path, fine), degrade_without_scope=False, current_user="root")
+    assert tick["checks"]["exec_start"]["ok"] is True and "exec_reload" not in tick["checks"]
+
+
+@pytest.mark.parametrize(
+    "name", ["dispatch.service", "dispatch-system.service", "dispatch@.service"]
+)
+def test_contrib_units_point_at_real_documentation_and_reload_with_a_verdict(name: str) -> None:
+    sections = parse_unit((ROOT / "contrib" / name).read_text())
+    docs = sections["Unit"]["Documentation"][-1].split()
+    assert "man:dispatch(1)" in docs
+    for url in docs:
+        assert url.startswith(("man:", "file:")), url
+        if url.startswith("file:"):
+            # The installed docs path the quick start describes, or the checkout's.
+            assert url.removeprefix("file:").endswith("/docs/systemd.md")
+    service = sections["Service"]
+    assert service["ExecReload"][-1].endswith("reload --pid $MAINPID")
+    assert service["ExecStart"][-1].split()[0].endswith("/dispatch")

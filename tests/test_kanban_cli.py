@@ -4,6 +4,7 @@ fences, and bad input (exit 2, one line, the database unchanged)."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -17,13 +18,14 @@ from dispatcher.kanban.lookup import resolve_session_id
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,
-    Claimer,
     Limits,
-    RunOutcome,
-    RunResult,
 )
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 from tests.support.wait import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
 
 REPORT = f"{sys.executable} -m dispatcher.cli.main kanban complete --result from-worker && exit 3"
 # degrade_without_scope: a test runner inside a systemd service must still start workers.
@@ -180,7 +182,7 @@ def test_worker_commands_from_the_environment(cli: Cli, home: Path) -> None:
             .claim(
                 card_id,
                 now=1.0,
-                claimer=Claimer(pid=1, start=None),
+                claimer=Claimant(pid=1, start=None, boot=None),
                 limits=Limits(max_in_progress=9),
             )
             .run
@@ -235,14 +237,14 @@ def test_bad_input_exits_2_with_one_line_and_changes_nothing(
 
 def test_a_stale_run_changes_nothing_even_for_a_running_card(cli: Cli, home: Path) -> None:
     card_id = cli.add()
-    me = Claimer(pid=1, start=None)
+    me = Claimant(pid=1, start=None, boot=None)
     with open_state(home / "state") as db:
         store = SqliteBoardStore(db)
         old = store.claim(card_id, now=1.0, claimer=me, limits=Limits(max_in_progress=9)).run
         assert old is not None
         store.close_run(
             old.run_id,
-            RunResult(outcome=RunOutcome.RECLAIMED),
+            Result(outcome=Outcome.RECLAIMED),
             lambda card, run: CardChange(fields={"status": CardStatus.READY}),
             now=2.0,
         )
@@ -313,10 +315,11 @@ def test_tick_starts_workers_and_board_reads_reconcile(
         kinds = [e["kind"] for e in doc["events"]]  # type: ignore[union-attr]
         assert kinds[:3] == ["created", "claimed", "spawned"] and kinds[-1] == "completed"
         with open_state(home / "state") as db:
-            session_id = resolve_session_id(db, card_id)
+            store = SqliteBoardStore(db)
+            session_id = resolve_session_id(store, card_id)
             assert session_id == run["session_id"]
-            assert resolve_session_id(db, run["run_id"]) == session_id
-            assert resolve_session_id(db, str(session_id)) is None
+            assert resolve_session_id(store, run["run_id"]) == session_id
+            assert resolve_session_id(store, str(session_id)) is None
         title = "one" if card_id == first else "two"
         code, out, _ = cli("logs", str(session_id))
         if code == 0:  # `dispatch logs` belongs to the registry's CLI
@@ -394,3 +397,40 @@ def test_a_missing_binary_is_an_ordinary_counted_failure(cli: Cli) -> None:
     assert all(not r["infrastructure"] for r in doc["runs"])  # type: ignore[union-attr]
     assert doc["consecutive_failures"] == 2
     assert "worker-binary" in str(doc["last_failure_error"])
+
+
+def test_retry_runs_a_finished_card_again_with_the_reason_in_its_events(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("kanban:\n  assignees:\n    ok:\n      command: [sh, -c, 'echo run']\n")
+    env = {**os.environ, "DISPATCH_CONFIG": str(config), "DISPATCH_STATE_DIR": str(tmp_path / "s")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dispatcher.cli.main", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
+
+    card = cli("kanban", "add", "again", "--assignee", "ok").stdout.strip()
+    refused = cli("kanban", "retry", card)  # ready: it runs anyway
+    assert refused.returncode == 2 and "cannot retry" in refused.stderr
+    assert cli("kanban", "tick").returncode == 0
+
+    def shown() -> dict:
+        cli("kanban", "list")  # reconciles the finished run
+        return json.loads(cli("kanban", "show", card, "--json").stdout)
+
+    wait_for(lambda: shown()["status"] == "done", 30, what="first run done")
+    retried = cli("kanban", "retry", card, "--reason", "flaky upstream")
+    assert retried.returncode == 0, retried.stderr
+    doc = shown()
+    assert doc["status"] == "ready" and doc["completed_at"] is None
+    moved = [e for e in doc["events"] if e["kind"] == "moved"][-1]
+    assert moved["data"]["action"] == "retry" and moved["data"]["reason"] == "flaky upstream"
+    assert cli("kanban", "tick").returncode == 0
+    wait_for(lambda: shown()["status"] == "done", 30, what="second run done")
+    assert [r["attempt"] for r in shown()["runs"]] == [1, 2]

@@ -17,22 +17,21 @@ import pytest
 
 from dispatcher.app.database import open_state
 from dispatcher.kanban.board import Board
-from dispatcher.kanban.claimer import current_claimer
 from dispatcher.kanban.dispatcher import DEGRADED_WARNING, KanbanDispatcher
 from dispatcher.kanban.model import (
     BlockKind,
     CardEdit,
     CardStatus,
-    Claimer,
     Limits,
     NewCard,
     Run,
-    RunOutcome,
 )
 from dispatcher.kanban.report import TickReport
 from dispatcher.kanban.settings import Assignee, KanbanSettings
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.kanban.worker import BODY_ENV_LIMIT
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome
 from registry.abc import Owner, SessionState, SpawnRequest
 from registry.fake import FakeRegistry
 from scope.abc import CallerKind, Placement, Policy
@@ -158,7 +157,7 @@ def test_exit_zero_completes_the_card_and_removes_the_body_file(rig: Rig) -> Non
     body = Path(rig.registry.requests[rig.session_of(card_id)].env["DISPATCH_CARD_BODY_FILE"])
     finish_last(rig, card_id, exit_code=0)
     report = rig.tick()
-    assert [(c.card_id, c.outcome) for c in report.reconciled] == [(card_id, RunOutcome.COMPLETED)]
+    assert [(c.card_id, c.outcome) for c in report.reconciled] == [(card_id, Outcome.COMPLETED)]
     card = rig.store.get_card(card_id)
     assert card.status is CardStatus.DONE and card.completed_at == rig.clock.time()
     assert rig.outcomes(card_id) == ["completed"]
@@ -274,7 +273,7 @@ def test_a_missing_binary_counts_as_an_ordinary_failure(rig: Rig) -> None:
     rig.registry.failed_start_argv0.add("worker")
     card_id = rig.add()
     report = rig.tick()
-    assert [c.outcome for c in report.refused] == [RunOutcome.FAILED_START]
+    assert [c.outcome for c in report.refused] == [Outcome.FAILED_START]
     assert rig.store.get_card(card_id).consecutive_failures == 1
     rig.tick()
     card = rig.store.get_card(card_id)
@@ -331,9 +330,7 @@ def test_refused_spawns_are_infrastructure_and_never_count(tmp_path: Path) -> No
         assert card.status is CardStatus.READY and card.consecutive_failures == 0
         assert "loginctl enable-linger" in (card.last_failure_error or "")
         runs = rig.store.runs_of(card_id)
-        assert [(r.outcome, r.infrastructure) for r in runs] == [
-            (RunOutcome.SPAWN_REFUSED, True)
-        ] * 3
+        assert [(r.outcome, r.infrastructure) for r in runs] == [(Outcome.SPAWN_REFUSED, True)] * 3
         rig.scoper.probe_ok = True
         report = rig.tick()
         assert [d.card_id for d in report.dispatched] == [card_id]
@@ -364,14 +361,23 @@ def test_a_zero_cooldown_retries_every_tick(tmp_path: Path) -> None:
         assert rig.outcomes(card_id) == ["spawn_refused"] * 3
 
 
-def test_a_lost_manager_is_infrastructure(rig: Rig) -> None:
-    rig.registry.spawn_errors.append(ManagerLost("bus socket vanished", remedy="fix: restart"))
+def test_a_lost_manager_is_infrastructure_after_one_retry(rig: Rig) -> None:
+    lost = ManagerLost("bus socket vanished", remedy="fix: restart")
+    rig.registry.spawn_errors.extend([lost, lost])
     card_id = rig.add()
     report = rig.tick()
     assert [(c.outcome, c.infrastructure) for c in report.refused] == [
-        (RunOutcome.SPAWN_REFUSED, True)
+        (Outcome.SPAWN_REFUSED, True)
     ]
+    assert "after one retry" in (report.refused[0].error or "")
     assert rig.store.get_card(card_id).consecutive_failures == 0
+
+
+def test_a_manager_lost_once_is_retried_at_once(rig: Rig) -> None:
+    rig.registry.spawn_errors.append(ManagerLost("bus socket vanished", remedy="fix: restart"))
+    card_id = rig.add()
+    report = rig.tick()
+    assert [d.card_id for d in report.dispatched] == [card_id] and not report.refused
 
 
 def test_degrading_is_allowed_by_config_and_warns(tmp_path: Path) -> None:
@@ -469,7 +475,7 @@ def dead_claimer() -> tuple[int, int]:
 def test_a_run_whose_claimer_died_before_spawning_is_reclaimed(rig: Rig) -> None:
     card_id, _ = claimed_by_the_dead(rig)
     report = rig.tick()
-    assert [c.outcome for c in report.reconciled] == [RunOutcome.RECLAIMED]
+    assert [c.outcome for c in report.reconciled] == [Outcome.RECLAIMED]
     assert [d.card_id for d in report.dispatched] == [card_id]
     card = rig.store.get_card(card_id)
     assert card.consecutive_failures == 0
@@ -479,7 +485,7 @@ def test_a_run_whose_claimer_died_before_spawning_is_reclaimed(rig: Rig) -> None
 def test_a_run_whose_claimer_lives_is_left_alone(rig: Rig) -> None:
     card_id = rig.add()
     rig.store.claim(
-        card_id, now=rig.clock.time(), claimer=current_claimer(), limits=Limits(max_in_progress=9)
+        card_id, now=rig.clock.time(), claimer=Claimant.current(), limits=Limits(max_in_progress=9)
     )
     report = rig.tick()
     assert report.reconciled == () and report.dispatched == ()
@@ -493,7 +499,7 @@ def claimed_by_the_dead(rig: Rig) -> tuple[str, Run]:
     claim = rig.store.claim(
         card_id,
         now=rig.clock.time(),
-        claimer=Claimer(pid=pid, start=start),
+        claimer=Claimant(pid=pid, start=start, boot=None),
         limits=Limits(max_in_progress=9),
     )
     assert claim.run is not None
@@ -582,7 +588,7 @@ def test_an_unsafe_env_file_is_a_config_error(tmp_path: Path) -> None:
     for rig in make_rig(tmp_path, settings=settings):
         card_id = rig.add()
         report = rig.tick()
-        assert [c.outcome for c in report.refused] == [RunOutcome.CONFIG_ERROR]
+        assert [c.outcome for c in report.refused] == [Outcome.CONFIG_ERROR]
         card = rig.store.get_card(card_id)
         assert card.status is CardStatus.BLOCKED and "chmod 600" in (card.last_failure_error or "")
         os.chmod(env_file, 0o600)
@@ -620,7 +626,7 @@ def test_session_finished_closes_the_run_at_once(rig: Rig) -> None:
     rig.tick()
     session = rig.registry.finish(rig.session_of(card_id), exit_code=0)
     closed = rig.dispatcher.session_finished(session, rig.clock.time())
-    assert closed is not None and closed.outcome is RunOutcome.COMPLETED
+    assert closed is not None and closed.outcome is Outcome.COMPLETED
     assert rig.store.get_card(card_id).status is CardStatus.DONE
     assert rig.dispatcher.session_finished(session, rig.clock.time()) is None
 
@@ -697,7 +703,7 @@ def test_a_draft_session_of_a_dead_claimer_is_reclaimed_not_counted(rig: Rig) ->
     rig.registry.sessions[draft.id] = dataclasses.replace(draft, keeper_pid=None)
     rig.tick()
     first = rig.store.get_run(run.run_id)
-    assert first.outcome is RunOutcome.RECLAIMED and first.session_id is None
+    assert first.outcome is Outcome.RECLAIMED and first.session_id is None
     assert rig.store.get_card(card_id).consecutive_failures == 0
     assert rig.outcomes(card_id) == ["reclaimed", None]  # started again
 
@@ -706,7 +712,7 @@ def test_running_out_of_file_descriptors_is_infrastructure(rig: Rig) -> None:
     card_id = rig.add()
     rig.registry.spawn_errors.append(OSError(errno.EMFILE, "Too many open files"))
     report = rig.tick()
-    assert [c.outcome for c in report.refused] == [RunOutcome.SPAWN_REFUSED]
+    assert [c.outcome for c in report.refused] == [Outcome.SPAWN_REFUSED]
     card = rig.store.get_card(card_id)
     assert card.status is CardStatus.READY and card.consecutive_failures == 0
     (run,) = rig.store.runs_of(card_id)

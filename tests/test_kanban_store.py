@@ -12,16 +12,16 @@ import pytest
 from dispatcher.app.database import open_state
 from dispatcher.kanban.abc import ClaimVerdict
 from dispatcher.kanban.model import (
-    Claimer,
     Limits,
     NewCard,
 )
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
 from registry.errors import AmbiguousId
 from registry.state import StateDB
 
 NOW = 1_800_000_000.0
-ME = Claimer(pid=1, start=1)
+ME = Claimant(pid=1, start=1, boot=None)
 WIDE = Limits(max_in_progress=100)
 
 

@@ -16,9 +16,11 @@ from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
 from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.lookup import resolve_session_id
-from dispatcher.kanban.model import CardStatus, RunOutcome
+from dispatcher.kanban.model import CardStatus
+from dispatcher.launch.outcome import Outcome
 from scope.abc import CallerKind
 from scope.foundation.clock import FakeClock
+from tests.support.cli import dispatch_argv
 from tests.support.systemd import SystemdManager
 
 pytestmark = pytest.mark.systemd
@@ -69,18 +71,7 @@ def test_oneshot_drill(home: Path, systemd_manager: SystemdManager) -> None:
         board.close()
     out = home / "tick.out"
     unit = manager.run_transient_service(
-        [
-            sys.executable,
-            "-m",
-            "dispatcher.cli.main",
-            "--config",
-            str(config),
-            "--state-dir",
-            str(home / "state"),
-            "kanban",
-            "tick",
-            "--json",
-        ],
+        dispatch_argv(config, home / "state", "kanban", "tick", "--json"),
         env={"HOME": str(home)},
         type="oneshot",
         properties={"StandardOutput": f"file:{out}", "StandardError": f"file:{home / 'tick.err'}"},
@@ -116,8 +107,8 @@ def test_oneshot_drill(home: Path, systemd_manager: SystemdManager) -> None:
         registry = board.registry()
         for card_id in card_ids:
             (run,) = board.store.runs_of(card_id)
-            assert run.outcome is RunOutcome.COMPLETED and run.exit_code == 0
-            session_id = resolve_session_id(board.db, card_id)
+            assert run.outcome is Outcome.COMPLETED and run.exit_code == 0
+            session_id = resolve_session_id(board.store, card_id)
             assert session_id == run.session_id
             assert registry.read_log(session_id) == f"out {card_id}\n".encode()
     finally:
@@ -175,7 +166,7 @@ def test_an_unreachable_manager_refuses_without_counting(
             assert "linger" in (card.last_failure_error or "")
             runs = board.store.runs_of(card_id)
             assert [(r.outcome, r.infrastructure) for r in runs] == [
-                (RunOutcome.SPAWN_REFUSED, True)
+                (Outcome.SPAWN_REFUSED, True)
             ] * 3
             # Inside the cooldown nothing is attempted; the skip is recorded.
             clock.advance(10)

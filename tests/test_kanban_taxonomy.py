@@ -12,10 +12,9 @@ from dispatcher.kanban.model import (
     CardStatus,
     EventKind,
     Run,
-    RunOutcome,
-    RunResult,
 )
-from dispatcher.kanban.taxonomy import Breaker, after_run, result_from_session
+from dispatcher.kanban.taxonomy import Breaker, after_run
+from dispatcher.launch.outcome import Outcome, Result, outcome_of
 from registry.abc import Owner, Session, SessionState
 from scope.abc import CallerKind, Placement
 
@@ -62,22 +61,22 @@ def session(
 @pytest.mark.parametrize(
     ("state", "code", "signal", "outcome"),
     [
-        (SessionState.EXITED, 0, None, RunOutcome.COMPLETED),
-        (SessionState.EXITED, 75, None, RunOutcome.TEMPFAIL),
-        (SessionState.EXITED, 78, None, RunOutcome.CONFIG_ERROR),
-        (SessionState.EXITED, 1, None, RunOutcome.FAILED),
-        (SessionState.EXITED, 255, None, RunOutcome.FAILED),
-        (SessionState.EXITED, None, "SIGSEGV", RunOutcome.FAILED),
-        (SessionState.KILLED, None, "SIGTERM", RunOutcome.FAILED),
-        (SessionState.TIMED_OUT, None, "SIGTERM", RunOutcome.TIMED_OUT),
-        (SessionState.LOST, None, None, RunOutcome.LOST),
-        (SessionState.FAILED_START, None, None, RunOutcome.FAILED_START),
+        (SessionState.EXITED, 0, None, Outcome.COMPLETED),
+        (SessionState.EXITED, 75, None, Outcome.TEMPFAIL),
+        (SessionState.EXITED, 78, None, Outcome.CONFIG_ERROR),
+        (SessionState.EXITED, 1, None, Outcome.FAILED),
+        (SessionState.EXITED, 255, None, Outcome.FAILED),
+        (SessionState.EXITED, None, "SIGSEGV", Outcome.FAILED),
+        (SessionState.KILLED, None, "SIGTERM", Outcome.FAILED),
+        (SessionState.TIMED_OUT, None, "SIGTERM", Outcome.TIMED_OUT),
+        (SessionState.LOST, None, None, Outcome.LOST),
+        (SessionState.FAILED_START, None, None, Outcome.FAILED_START),
     ],
 )
 def test_sessions_classify_by_the_taxonomy(
-    state: SessionState, code: int | None, signal: str | None, outcome: RunOutcome
+    state: SessionState, code: int | None, signal: str | None, outcome: Outcome
 ) -> None:
-    result = result_from_session(session(state, code, signal))
+    result = outcome_of(session(state, code, signal))
     assert result.outcome is outcome
     assert result.exit_code == code
     assert result.signal == signal
@@ -86,14 +85,14 @@ def test_sessions_classify_by_the_taxonomy(
 
 def test_a_running_session_cannot_be_classified() -> None:
     with pytest.raises(ValueError, match="still running"):
-        result_from_session(session(SessionState.RUNNING))
+        outcome_of(session(SessionState.RUNNING))
 
 
 def test_success_completes_and_resets_every_count() -> None:
     change = after_run(
         card(consecutive_failures=1, tempfail_count=3, last_failure_error="x"),
         RUN,
-        RunResult(outcome=RunOutcome.COMPLETED, exit_code=0),
+        Result(outcome=Outcome.COMPLETED, exit_code=0),
         BREAKER,
         NOW,
     )
@@ -106,7 +105,7 @@ def test_success_completes_and_resets_every_count() -> None:
 
 
 def test_counted_failures_trip_the_breaker_at_the_limit() -> None:
-    failed = RunResult(outcome=RunOutcome.FAILED, exit_code=1, error="exited with code 1")
+    failed = Result(outcome=Outcome.FAILED, exit_code=1, error="exited with code 1")
     first = after_run(card(), RUN, failed, BREAKER, NOW)
     assert first.fields["status"] is CardStatus.READY
     assert first.fields["consecutive_failures"] == 1
@@ -118,7 +117,7 @@ def test_counted_failures_trip_the_breaker_at_the_limit() -> None:
 
 
 def test_a_per_card_failure_limit_overrides_the_default() -> None:
-    failed = RunResult(outcome=RunOutcome.TIMED_OUT, error="timed out")
+    failed = Result(outcome=Outcome.TIMED_OUT, error="timed out")
     change = after_run(card(consecutive_failures=1, failure_limit=3), RUN, failed, BREAKER, NOW)
     assert change.fields["status"] is CardStatus.READY
     change = after_run(card(consecutive_failures=2, failure_limit=3), RUN, failed, BREAKER, NOW)
@@ -127,15 +126,15 @@ def test_a_per_card_failure_limit_overrides_the_default() -> None:
 
 def test_config_error_trips_at_once() -> None:
     change = after_run(
-        card(failure_limit=10), RUN, RunResult(outcome=RunOutcome.CONFIG_ERROR), BREAKER, NOW
+        card(failure_limit=10), RUN, Result(outcome=Outcome.CONFIG_ERROR), BREAKER, NOW
     )
     assert change.fields["status"] is CardStatus.BLOCKED
     assert EventKind.GAVE_UP in [k for k, _ in change.events]
 
 
-@pytest.mark.parametrize("outcome", [RunOutcome.LOST, RunOutcome.FAILED_START])
-def test_lost_and_failed_start_count(outcome: RunOutcome) -> None:
-    change = after_run(card(), RUN, RunResult(outcome=outcome), BREAKER, NOW)
+@pytest.mark.parametrize("outcome", [Outcome.LOST, Outcome.FAILED_START])
+def test_lost_and_failed_start_count(outcome: Outcome) -> None:
+    change = after_run(card(), RUN, Result(outcome=outcome), BREAKER, NOW)
     assert change.fields["consecutive_failures"] == 1
 
 
@@ -146,7 +145,7 @@ def test_tempfail_backs_off_exponentially_without_counting() -> None:
         change = after_run(
             card(tempfail_count=count, consecutive_failures=1),
             RUN,
-            RunResult(outcome=RunOutcome.TEMPFAIL, exit_code=75),
+            Result(outcome=Outcome.TEMPFAIL, exit_code=75),
             BREAKER,
             NOW,
         )
@@ -161,7 +160,7 @@ def test_the_tenth_tempfail_in_a_row_blocks_transiently() -> None:
     change = after_run(
         card(tempfail_count=9),
         RUN,
-        RunResult(outcome=RunOutcome.TEMPFAIL, exit_code=75),
+        Result(outcome=Outcome.TEMPFAIL, exit_code=75),
         BREAKER,
         NOW,
     )
@@ -175,9 +174,7 @@ def test_infrastructure_refusal_keeps_the_card_ready_and_uncounted() -> None:
     change = after_run(
         card(consecutive_failures=1),
         RUN,
-        RunResult(
-            outcome=RunOutcome.SPAWN_REFUSED, error="no scope; fix: linger", infrastructure=True
-        ),
+        Result(outcome=Outcome.SPAWN_REFUSED, error="no scope; fix: linger", infrastructure=True),
         BREAKER,
         NOW,
     )
@@ -189,10 +186,10 @@ def test_infrastructure_refusal_keeps_the_card_ready_and_uncounted() -> None:
 
 def test_a_card_the_worker_already_moved_keeps_its_status() -> None:
     done = card(status=CardStatus.DONE)
-    change = after_run(done, RUN, RunResult(outcome=RunOutcome.FAILED, exit_code=3), BREAKER, NOW)
+    change = after_run(done, RUN, Result(outcome=Outcome.FAILED, exit_code=3), BREAKER, NOW)
     assert change.fields == {}
     assert [k for k, _ in change.events] == [EventKind.EXIT_IGNORED]
-    assert after_run(done, RUN, RunResult(outcome=RunOutcome.COMPLETED), BREAKER, NOW).events == ()
+    assert after_run(done, RUN, Result(outcome=Outcome.COMPLETED), BREAKER, NOW).events == ()
 
 
 def test_backoff_is_capped_and_never_overflows() -> None:

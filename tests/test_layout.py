@@ -134,17 +134,20 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "dispatcher.commonsettings",
         ),
     ),
-    ("cron", 1, ("dispatcher.cron",)),
-    ("kanban", 1, ("dispatcher.kanban",)),
+    # The launch core: the life cycle cron and kanban share (outcomes, spawn errors,
+    # claimants, worker setup); it knows neither of them.
+    ("launch", 1, ("dispatcher.launch",)),
+    ("cron", 2, ("dispatcher.cron",)),
+    ("kanban", 2, ("dispatcher.kanban",)),
     # The PostgreSQL side of the board-store and ledger seams stands on both.
-    ("cluster", 2, ("dispatcher.cluster",)),
+    ("cluster", 3, ("dispatcher.cluster",)),
     (
         "app",
-        3,
+        4,
         ("dispatcher.app", "dispatcher.settings", "dispatcher.config", "dispatcher.configdoc"),
     ),
-    ("gateway", 4, ("dispatcher.gateway",)),
-    ("cli", 5, ("dispatcher.cli",)),
+    ("gateway", 5, ("dispatcher.gateway",)),
+    ("cli", 6, ("dispatcher.cli",)),
 )
 _RANK = {layer: rank for layer, rank, _ in DISPATCHER_LAYERS}
 

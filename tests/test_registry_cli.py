@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import default_signals
 from tests.support.wait import wait_for
 from tests.test_registry_support import session_pids
 
@@ -140,6 +141,7 @@ def test_ctrl_c_on_wait_exits_130_and_leaves_the_worker(env: dict[str, str]) -> 
         stderr=subprocess.PIPE,
         env=env,
         cwd=ROOT,
+        preexec_fn=default_signals,  # Ctrl-C must work when the suite runs as a background job
     )
     assert proc.stdout is not None
     session_id = proc.stdout.readline().decode().strip()
@@ -151,3 +153,65 @@ def test_ctrl_c_on_wait_exits_130_and_leaves_the_worker(env: dict[str, str]) -> 
     proc.stderr.close()
     assert session_pids(session_id)
     assert dispatch(env, "kill", session_id).returncode == 0
+
+
+def test_logs_follow_passes_the_workers_status_through(env: dict[str, str]) -> None:
+    session_id = dispatch(env, "run", "--", "sh", "-c", "echo one; sleep 0.3; echo two; exit 4")
+    sid = session_id.stdout.decode().strip()
+    followed = dispatch(env, "logs", "-f", sid)
+    assert followed.returncode == 4, followed.stderr
+    assert followed.stdout == b"one\ntwo\n"
+    streamed = dispatch(env, "logs", "-f", "--json", sid)
+    assert streamed.returncode == 4, streamed.stderr
+    lines = [json.loads(line) for line in streamed.stdout.decode().splitlines()]
+    assert "".join(line.get("output", "") for line in lines[:-1]) == "one\ntwo\n"
+    assert lines[-1]["id"] == sid and lines[-1]["exit_code"] == 4
+    assert lines[-1]["state"] == "exited"
+    assert dispatch(env, "logs", sid).returncode == 0  # without -f: the log was printed
+
+
+@pytest.mark.parametrize("json_output", [False, True], ids=["plain", "json"])
+def test_a_closed_stdout_ends_every_format_the_same_way(
+    env: dict[str, str], json_output: bool
+) -> None:
+    assert dispatch(env, "run", "--wait", "--", "echo", "x").returncode == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte: `| head -c0` at its most
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "dispatcher.cli.main", "ps", "--all"]
+            + (["--json"] if json_output else []),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141
+    assert done.stderr == b""
+
+
+def test_run_env_sets_the_workers_environment_and_checks_names(env: dict[str, str]) -> None:
+    done = dispatch(
+        env,
+        "run",
+        "--wait",
+        "-e",
+        "GREETING=hi=there",
+        "--env",
+        "EMPTY=",
+        "--",
+        "sh",
+        "-c",
+        'printf "%s|%s|%s" "$GREETING" "${EMPTY-unset}" "${DISPATCH_SESSION_ID%_*}"',
+    )
+    assert done.returncode == 0, done.stderr
+    sid = done.stdout.decode().strip()
+    assert dispatch(env, "logs", sid).stdout == b"hi=there||s"
+    for bad in ("1X=a", "NO_EQUALS", "A-B=c", "=v", "DISPATCH_SESSION_ID=x"):
+        refused = dispatch(env, "run", "--env", bad, "--", "true")
+        assert refused.returncode == 2, (bad, refused.stderr)
+        assert len(refused.stderr.splitlines()) == 1 and b"--env" in refused.stderr

@@ -344,10 +344,19 @@ def test_unknown_unit_is_not_loaded(scopers):
     assert scoper.stop("dispatch-cli-never-existed.scope", grace=0.1).stopped
 
 
-def doctor(env: dict[str, str], tmp_path: Path) -> tuple[int, dict]:
+def booted_view(manager) -> list[str]:
+    """A command prefix that runs doctor where systemd is PID 1's init as far as doctor can
+    tell: on a host without it, inside the private manager's mount namespace (which has
+    /run/systemd/system), so "broken bus on a systemd host" is what the test sees."""
+    if os.path.isdir("/run/systemd/system") or manager.manager_pid is None:
+        return []
+    return ["nsenter", "-m", "-t", str(manager.manager_pid)]
+
+
+def doctor(env: dict[str, str], tmp_path: Path, prefix: list[str] = ()) -> tuple[int, dict]:
     env = {**env, "XDG_CONFIG_HOME": str(tmp_path / "cfg"), "XDG_STATE_HOME": str(tmp_path)}
     done = subprocess.run(
-        [PY, "-m", "dispatcher.cli.main", "doctor", "--json"],
+        [*prefix, PY, "-m", "dispatcher.cli.main", "doctor", "--json"],
         env=env,
         capture_output=True,
         text=True,
@@ -379,7 +388,8 @@ def test_doctor_broken(systemd_manager, tmp_path):
     empty.mkdir(mode=0o700)
     env = {**systemd_manager.env, "XDG_RUNTIME_DIR": str(empty)}
     env.pop("DBUS_SESSION_BUS_ADDRESS")
-    code, report = doctor(env, tmp_path)
+    prefix = booted_view(systemd_manager)
+    code, report = doctor(env, tmp_path, prefix)
     assert code == 1
     assert report["bus"]["ok"] is False and report["manager"]["reachable"] is False
     assert report["probe"]["ok"] is False and report["probe"]["detail"]
@@ -390,8 +400,13 @@ def test_doctor_broken(systemd_manager, tmp_path):
         "cli": "in_process",
     }
     assert any("loginctl enable-linger" in r for r in report["remedies"])
+    remedies = report["remedies"]
+    assert len(remedies) == len(set(remedies)), remedies
+    assert sum("enable-linger" in r for r in remedies) == 1, remedies
+    assert not any(r.startswith("bus:") for r in remedies)  # symptoms are not remedies
+    assert any(p.startswith("bus:") for p in report["problems"])
     human = subprocess.run(
-        [PY, "-m", "dispatcher.cli.main", "doctor"],
+        [*prefix, PY, "-m", "dispatcher.cli.main", "doctor"],
         env={**env, "XDG_CONFIG_HOME": str(tmp_path / "cfg")},
         capture_output=True,
         text=True,

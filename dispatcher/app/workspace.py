@@ -4,21 +4,25 @@ the registry and dispatcher.
 Commands that merely add or edit cards never start the scope layer or the registry. Board reads
 reconcile first (so a finished worker's card shows its final state), but open the registry
 only when some run is actually open. ``tick`` always opens it.
+
+The board is wherever cluster state lives (:mod:`dispatcher.app.clusterstate`): the state dir's
+SQLite file, or the cluster database, where this command reconciles only this host's runs and
+a tick claims only while this host's serve holds its lease.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dispatcher.app.clusterstate import ClusterState, open_cluster_state
 from dispatcher.app.database import open_state
 from dispatcher.app.wake import poke
 from dispatcher.kanban.board import Board
-from dispatcher.kanban.dispatcher import KanbanDispatcher
-from dispatcher.kanban.faults import FaultPoint
-from dispatcher.kanban.report import Closed
-from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.kanban.report import Closed, TickReport
+from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.settings import Settings
 from registry.abc import Registry
 from scope.abc import CallerKind
@@ -26,6 +30,13 @@ from scope.foundation.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
+    from dispatcher.kanban.dispatcher import KanbanDispatcher
+
+
+NO_LEASE_WARNING = (
+    "cluster mode: no card was claimed, because this host holds no live lease (start dispatch "
+    "serve on it: its lease renewals are what keeps other hosts from rescuing these runs)"
+)
 
 
 class Workspace:
@@ -48,7 +59,14 @@ class Workspace:
         self.caller = caller
         self.clock: Clock = clock or SystemClock()
         self.db = open_state(self.state_dir)
-        self.store = SqliteBoardStore(self.db)
+        try:
+            self.cluster: ClusterState = open_cluster_state(
+                settings, self.state_dir, self.environ, local=self.db
+            )
+        except BaseException:
+            self.db.close()
+            raise
+        self.store: SqlBoardStore = self.cluster.board
         self.board = Board(
             self.store, settings.kanban, registry=self.registry, state_dir=self.state_dir
         )
@@ -83,6 +101,10 @@ class Workspace:
     def dispatcher(self) -> KanbanDispatcher:
         """The dispatcher for this command (opens the registry)."""
         if self._dispatcher is None:
+            # Imported here: adding or editing a card never needs the dispatcher.
+            from dispatcher.kanban.dispatcher import KanbanDispatcher
+            from dispatcher.kanban.faults import FaultPoint
+
             runtime = self._open_runtime()
             self._dispatcher = KanbanDispatcher(
                 store=self.store,
@@ -97,6 +119,26 @@ class Workspace:
                 fault=FaultPoint.from_environ(self.environ),
             )
         return self._dispatcher
+
+    def tick(self, *, max_claims: int | None = None, dry_run: bool = False) -> TickReport:
+        """One dispatcher pass now. In cluster mode claims stop at this host's cap, and are
+        made only while this host's serve holds a live lease (its renewals fence the runs)."""
+        room = self.cluster.claim_room(
+            self.settings.kanban.max_in_progress, self.settings.kanban.max_in_progress_per_host
+        )
+        warning = None
+        if room is not None and not dry_run:
+            if not self.cluster.lease_live():
+                room, warning = 0, NO_LEASE_WARNING
+            max_claims = room if max_claims is None else min(max_claims, room)
+        report = self.dispatcher().tick(self.now(), max_claims=max_claims, dry_run=dry_run)
+        if warning is not None:
+            report = dataclasses.replace(report, warnings=(*report.warnings, warning))
+        return report
+
+    def run_hosts(self, card_id: str) -> dict[str, str | None]:
+        """The host of each run of a card (cluster mode; empty for a single host)."""
+        return self.cluster.run_hosts(card_id)
 
     def refresh(self) -> list[Closed]:
         """Reconcile finished runs and promote waiting cards before a board read."""
@@ -114,6 +156,9 @@ class Workspace:
             if self._runtime is not None:
                 self._runtime.close()
         finally:
-            self.db.close()
+            try:
+                self.cluster.close()
+            finally:
+                self.db.close()
         if changed:
             poke(self.state_dir)

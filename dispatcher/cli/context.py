@@ -14,9 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from scope.foundation.clock import Clock, SystemClock
+from scope.foundation.errors import ConfigError
+
 if TYPE_CHECKING:
     from dispatcher.config import LoadedConfig
     from dispatcher.settings import Settings
+    from dispatcher.timefmt import TimeView
 
 
 class Context:
@@ -28,6 +32,7 @@ class Context:
         environ: Mapping[str, str],
         stdout: TextIO | None = None,
         stderr: TextIO | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.args = args
         self.environ = dict(environ)
@@ -35,20 +40,56 @@ class Context:
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self._closers: list[Any] = []
+        self.clock: Clock = clock or SystemClock()
+        self.stable_times = False
+        """Absolute times only (set by ``--watch`` when stdout is not a terminal)."""
+        self.config_problem: ConfigError | None = None
+        """Set when a read-only command goes on without the (broken) config."""
+
+    @property
+    def read_only(self) -> bool:
+        """The command only reads the state dir (:data:`dispatcher.cli.groups.READ_ONLY`)."""
+        from dispatcher.cli.groups import read_only
+
+        command = getattr(self.args, "group", None)
+        sub = getattr(self.args, f"{command}_command", None)
+        return read_only(command, sub if isinstance(sub, str) else None, self.args)
 
     @functools.cached_property
     def config_path(self) -> Path | None:
         """The config file in use (None: built-in defaults)."""
         from dispatcher.config import resolve_config_path
 
-        return resolve_config_path(getattr(self.args, "config", None), self.environ)
+        try:
+            return resolve_config_path(getattr(self.args, "config", None), self.environ)
+        except ConfigError as err:
+            self._config_unusable(err)
+            return None
 
     @functools.cached_property
     def config(self) -> LoadedConfig:
-        """The validated config."""
-        from dispatcher.config import load_config
+        """The validated config.
 
-        return load_config(self.config_path)
+        A read-only command (status, ps, logs, listings) must still work when the file is
+        broken, because that is when an operator looks at the recent errors: it warns once and
+        goes on with the built-in defaults (see :attr:`config_problem`). Every other command
+        fails with the config error (exit 2)."""
+        from dispatcher.config import LoadedConfig, load_config
+
+        path = self.config_path
+        if self.config_problem is not None:
+            return LoadedConfig(settings=_defaults(), path=None)
+        try:
+            return load_config(path)
+        except ConfigError as err:
+            self._config_unusable(err)
+            return LoadedConfig(settings=_defaults(), path=None)
+
+    def _config_unusable(self, err: ConfigError) -> None:
+        if not self.read_only:
+            raise err
+        self.config_problem = err
+        self.warn(f"warning: config not used (read-only view of the state dir): {err.message}")
 
     @property
     def settings(self) -> Settings:
@@ -62,6 +103,14 @@ class Context:
 
         return prepare_state_dir(
             resolve_state_dir(getattr(self.args, "state_dir", None), self.environ)
+        )
+
+    def times(self) -> TimeView:
+        """How this command shows times to people: now, in the viewer's zone (``TZ``)."""
+        from dispatcher.timefmt import TimeView, viewer_zone
+
+        return TimeView(
+            now=self.clock.time(), zone=viewer_zone(self.environ), stable=self.stable_times
         )
 
     def on_close(self, closer: Any) -> None:
@@ -87,3 +136,9 @@ class Context:
         """The one JSON document of a ``--json`` command."""
         json.dump(document, self.stdout, indent=2, sort_keys=False, default=str)
         self.stdout.write("\n")
+
+
+def _defaults() -> Settings:
+    from dispatcher.settings import Settings
+
+    return Settings()

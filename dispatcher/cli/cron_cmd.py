@@ -14,19 +14,23 @@ import argparse
 import signal
 import threading
 from collections.abc import Sequence
+from typing import Any
 
-from dispatcher.app.database import open_state
+from dispatcher.app.clusterstate import open_cluster_state
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, int_arg
 from dispatcher.cron.crontab import parse as parse_crontab
-from dispatcher.cron.launcher import FireRunner, claimant_token
-from dispatcher.cron.ledger import FireRecord, Ledger, Outcome, Status
+from dispatcher.cron.launcher import FireRunner
+from dispatcher.cron.ledger import FireRecord, Ledger, Status
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
-from dispatcher.cron.report import iso_in, job_entry, policies, row_entry, schedule_text
+from dispatcher.cron.report import iso_in, job_entry, known_job_entry, row_entry
 from dispatcher.cron.timeline import EARLIEST, LATEST, CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
-from dispatcher.envfile import read_env_file
-from dispatcher.errors import EnvFileError
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.failure import WorkerSetupError
+from dispatcher.launch.outcome import Outcome
+from dispatcher.launch.setup import Workplace
+from dispatcher.timefmt import TimeView
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
 from scope.foundation.errors import Invalid, NotFoundError, UsageError
@@ -36,6 +40,7 @@ from scope.foundation.values import ISO_HINT, parse_iso_time
 
 MAX_COUNT = 1000
 MAX_LIMIT = 1_000_000
+_EPOCH_KEYS = ("next_fire_at", "last_fire_at")
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -71,12 +76,12 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     nxt.set_defaults(handler=handle_next)
 
     run = subs.add_parser("run", parents=[common], help="Fire a job now (its own manual fire key).")
-    run.add_argument("job_id", metavar="JOB_ID")
+    run.add_argument("job_id", metavar="JOB_ID", help="a configured job")
     run.add_argument("--wait", action="store_true", help="wait and pass the result through")
     run.set_defaults(handler=handle_run)
 
     history = subs.add_parser("history", parents=[common], help="Ledger rows, newest first.")
-    history.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    history.add_argument("job_id", nargs="?", metavar="JOB_ID", help="only this job's rows")
     history.add_argument(
         "--limit", type=int_arg(1, MAX_LIMIT), default=50, metavar="N", help="rows (default 50)"
     )
@@ -88,7 +93,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
             parents=[common],
             help=f"{verb} a job (stored in the state database; overrides enabled).",
         )
-        sub.add_argument("job_id", metavar="JOB_ID")
+        sub.add_argument("job_id", metavar="JOB_ID", help="a configured job")
         sub.set_defaults(handler=handle_pause if name == "pause" else handle_resume)
 
 
@@ -96,8 +101,21 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 
 
 def _plans(ctx: Context) -> dict[str, JobPlan]:
-    host = host_zone_name(ctx.environ)
+    host = _scheduler_zone(ctx)
     return {job.id: plan_job(job, host) for job in ctx.settings.cron.jobs}
+
+
+def _scheduler_zone(ctx: Context) -> str:
+    """The zone a job without ``timezone`` fires in: the running gateway's (from its status
+    file), else the system's; never this command's own ``TZ``."""
+    from dispatcher.gateway.lock import read_holder
+    from dispatcher.gateway.statusfile import read_status
+
+    holder = read_holder(ctx.state_dir)
+    status = read_status(ctx.state_dir) if holder else None
+    if status is not None and holder is not None and status.pid == holder.pid and status.host_zone:
+        return status.host_zone
+    return host_zone_name({})
 
 
 def _plan(ctx: Context, job_id: str) -> JobPlan:
@@ -109,14 +127,17 @@ def _plan(ctx: Context, job_id: str) -> JobPlan:
 
 
 def _ledger(ctx: Context) -> Ledger:
-    db = open_state(ctx.state_dir)
-    ctx.on_close(db)
-    return Ledger(db)
+    state = open_cluster_state(ctx.settings, ctx.state_dir, ctx.environ)
+    ctx.on_close(state)
+    return state.ledger
 
 
 def _settle_open(ctx: Context, ledger: Ledger) -> None:
     """Record outcomes of fires whose worker ended while no scheduler was watching (a
-    ``cron run`` without ``--wait``, a scheduler that is down)."""
+    ``cron run`` without ``--wait``, a scheduler that is down). Not while the config is broken
+    (a read-only view): settling applies each job's configured policies."""
+    if ctx.config_problem is not None:
+        return
     if not ledger.open_rows((Status.RUNNING, Status.CLAIMED, Status.SPAWNING)):
         return
     from dispatcher.app.runtime import runtime_from_context
@@ -127,18 +148,20 @@ def _settle_open(ctx: Context, ledger: Ledger) -> None:
         runtime.registry,
         environ=ctx.environ,
         state_dir=ctx.state_dir,
-        claimant=claimant_token(),
+        claimant=Claimant.current(instance=True).token(),
         clock=SystemClock().time,
+        config_path=ctx.config_path,
     )
     runner.reconcile({job.id: job for job in ctx.settings.cron.jobs})
 
 
-def _env_warnings(plan: JobPlan) -> list[str]:
+def _env_warnings(ctx: Context, plan: JobPlan) -> list[str]:
     if not plan.job.env_file:
         return []
+    workplace = Workplace(state_dir=ctx.state_dir, config_path=ctx.config_path, environ={})
     try:
-        read_env_file(plan.job.env_file)
-    except EnvFileError as err:
+        workplace.read_env_file(plan.job.env_file)
+    except WorkerSetupError as err:
         return [err.message]
     return []
 
@@ -153,46 +176,59 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
     _settle_open(ctx, ledger)
     states = ledger.job_states()
     last = ledger.last_rows()
-    now = SystemClock().time()
+    times = ctx.times()
     entries = []
     for plan in plans.values():
         state = states.get(plan.job.id)
         upcoming = None
         if job_active(plan.job, state):
-            found = plan.schedule.next_instants(now, 1)
+            found = plan.schedule.next_instants(times.now, 1)
             upcoming = found[0] if found else None
-        warnings = _env_warnings(plan)
+        warnings = _env_warnings(ctx, plan)
         for warning in warnings:
             ctx.warn(f"cron job {plan.job.id!r}: {warning}")
         entries.append(job_entry(plan, state, upcoming, last.get(plan.job.id), warnings))
+    if ctx.config_problem is not None:
+        # The file is broken: show what the ledger knows about the jobs it has seen.
+        for job_id in sorted((set(states) | set(last)) - set(plans)):
+            entries.append(known_job_entry(job_id, states.get(job_id), last.get(job_id)))
     if ctx.json:
-        ctx.emit_json(entries)
+        # The epoch copies are for the table; JSON carries ISO-8601 only.
+        ctx.emit_json([{k: v for k, v in e.items() if k not in _EPOCH_KEYS} for e in entries])
         return 0
     if not entries:
         ctx.out("no cron jobs configured")
         return 0
-    rows = [("ID", "SCHEDULE", "TIMEZONE", "STATE", "NEXT FIRE", "LAST", "POLICIES")]
-    for entry, plan in zip(entries, plans.values(), strict=True):
+    rows = [("ID", "SCHEDULE", "TIMEZONE", "STATE", "NEXT", "LEFT", "LAST", "POLICIES")]
+    for entry in entries:
         state_text = "active" if entry["active"] else "disabled"
         if entry["paused"]:
             state_text = "paused"
+        nxt = entry.get("next_fire_at")
         rows.append(
             (
                 entry["id"],
-                schedule_text(plan),
-                entry["timezone"],
+                entry["schedule"] or "?",
+                entry["timezone"] or "?",
                 state_text,
-                entry["next_fire"] or "-",
-                entry["last_outcome"] or "-",
-                _policy_text(plan),
+                times.at(nxt, entry["timezone"]) if nxt else "-",
+                times.ago(nxt) if nxt else "-",
+                _last_text(entry, times),
+                _policy_text(entry) if entry["schedule"] else "(config not loaded)",
             )
         )
     _table(ctx, rows)
     return 0
 
 
-def _policy_text(plan: JobPlan) -> str:
-    p = policies(plan)
+def _last_text(entry: dict[str, Any], times: TimeView) -> str:
+    if not entry["last_outcome"]:
+        return "-"
+    at = entry.get("last_fire_at")
+    return f"{entry['last_outcome']} {times.ago(at)}" if at else entry["last_outcome"]
+
+
+def _policy_text(p: dict[str, Any]) -> str:
     text = (
         f"overlap={p['overlap']} catch_up={p['catch_up']} "
         f"window={format_duration(p['catch_up_window'])} max={p['catch_up_max']}"
@@ -304,6 +340,7 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
     if not rows:
         ctx.out("no cron history")
         return 0
+    times = ctx.times()
     table = [("FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR")]
     for row in rows:
         entry = row_entry(row)
@@ -314,7 +351,7 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
             (
                 row.fire_key,
                 entry["outcome"] + (" (catch-up)" if row.catch_up else ""),
-                entry["nominal"] or "-",
+                times.both(row.nominal, row.zone),
                 row.placement or "-",
                 row.session_id or "-",
                 exit_text,
@@ -341,14 +378,16 @@ def handle_run(args: argparse.Namespace, ctx: Context) -> int:
         runtime.db,
         environ=ctx.environ,
         state_dir=ctx.state_dir,
+        config_path=ctx.config_path,
+        ledger=_ledger(ctx),
     )
     record = scheduler.run_now(args.job_id)
-    if record.session_id is None:
+    if record.session_id is None or not args.wait:
         _report_run(ctx, record)
-        return _exit_status(record)
-    if not args.wait:
-        _report_run(ctx, record)
-        return 0
+        if args.wait:
+            return _exit_status(record)
+        # Without --wait the command fails (exit 1) only when the fire could not start.
+        return 1 if _not_started(record) else 0
     interrupted = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
@@ -370,25 +409,35 @@ def _report_run(ctx: Context, record: FireRecord) -> None:
         ctx.emit_json(row_entry(record))
     elif record.session_id:
         ctx.out(record.session_id)
-    if record.outcome in (Outcome.SPAWN_REFUSED, Outcome.FAILED_START) and record.error:
-        ctx.warn(f"{record.fire_key}: {record.outcome.value}: {record.error}")
+    if _not_started(record) and record.session_id is not None:
+        # The worker's exec failed in its keeper (a refused spawn, where no session exists,
+        # was already named on stderr by the launch core's warning).
+        ctx.warn(f"{record.fire_key}: {record.shown_outcome}: {record.error}")
+
+
+def _not_started(record: FireRecord) -> bool:
+    """Whether the fire never got a running worker (refused, failed to start, unusable)."""
+    if record.outcome in (Outcome.SPAWN_REFUSED, Outcome.FAILED_START):
+        return True
+    return record.outcome is Outcome.CONFIG_ERROR and record.exit_code is None
 
 
 def _exit_status(record: FireRecord) -> int:
+    """The fire's result as an exit status, as ``dispatch wait`` passes a worker's through:
+    its exit code, 128+N for signal N, 124 for a timeout, 127 when it could not start, 1 for
+    a refused spawn or a worker definition that cannot be used."""
     outcome = record.outcome
     if outcome is None or outcome is Outcome.COMPLETED:
         return 0
-    if outcome is Outcome.FAILED:
-        if record.signal:
-            try:
-                return 128 + signal.Signals[record.signal].value
-            except KeyError:
-                return 1
-        return record.exit_code if record.exit_code is not None else 1
+    if record.signal:
+        try:
+            return 128 + signal.Signals[record.signal].value
+        except KeyError:
+            return 1
     if outcome is Outcome.TIMED_OUT:
         return 124
     if outcome is Outcome.FAILED_START:
         return 127
-    if outcome is Outcome.SPAWN_REFUSED:
-        return 1
+    if record.exit_code:
+        return record.exit_code
     return 1

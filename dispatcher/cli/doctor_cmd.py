@@ -13,6 +13,7 @@ from typing import Any
 from dispatcher.app.runtime import policy_of
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, path_arg
+from dispatcher.gateway.clusterview import cluster_check, cluster_lines
 from dispatcher.gateway.units import units_report
 from scope import open_scoper
 from scope.doctor import diagnose, healthy
@@ -49,10 +50,13 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         degrade_without_scope=settings.kanban.degrade_without_scope,
         extra=[Path(p) for p in args.unit],
     )
-    for unit in report["units"]:
+    booted = report["system"]["booted_with_systemd"]
+    for unit in report["units"] if booted else ():
         for remedy in unit["remedies"]:
             if remedy not in report["remedies"]:
                 report["remedies"].append(remedy)
+    report["cluster"] = cluster_check(settings, ctx.state_dir, ctx.environ)
+    ok = ok and (report["cluster"] is None or bool(report["cluster"]["ok"]))
     if ctx.json:
         ctx.emit_json(report)
     else:
@@ -63,6 +67,10 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
 def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
     bus, manager, probe = report["bus"], report["manager"], report["probe"]
     mark = {True: "ok", False: "FAIL"}
+    system = report["system"]
+    if not system["booted_with_systemd"]:
+        ctx.out("system:    FAIL  not booted with systemd")
+        ctx.out(f"           {system['detail']}")
     ctx.out(f"bus:       {mark[bool(bus['ok'])]}  {bus['path'] or '-'}")
     if bus["detail"]:
         ctx.out(f"           {bus['detail']}")
@@ -85,8 +93,23 @@ def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
         for name, check in unit["checks"].items():
             if not check["ok"]:
                 ctx.out(f"           {name}: {check['detail']}")
+    if report["problems"]:
+        ctx.out("problems:")
+        for problem in report["problems"]:
+            ctx.out(f"  - {problem}")
     if report["remedies"]:
         ctx.out("remedies:")
         for remedy in report["remedies"]:
             ctx.out(f"  - {remedy}")
-    ctx.out("healthy: scoped placement works" if ok else "unhealthy: no restart-safe scopes")
+    cluster = report.get("cluster")
+    for line in cluster_lines(cluster):
+        ctx.out(line)
+    if cluster is not None and not cluster["ok"]:
+        ctx.out("unhealthy: this host cannot take its part in the cluster (see above)")
+        return
+    if ok:
+        ctx.out("healthy: scoped placement works")
+    elif not system["booted_with_systemd"]:
+        ctx.out("unhealthy: no restart-safe scopes without systemd; workers run in_process")
+    else:
+        ctx.out("unhealthy: no restart-safe scopes")

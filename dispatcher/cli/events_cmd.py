@@ -21,8 +21,8 @@ from typing import Any
 from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.timefmt import iso, short
-from registry.abc import Event, Registry
+from dispatcher.timefmt import TimeView, iso
+from registry.abc import Event, EventType, Registry
 from scope.foundation.errors import NotFoundError, UsageError
 
 DESCRIPTION = (
@@ -69,23 +69,24 @@ def event_json(event: Event) -> dict[str, Any]:
     }
 
 
-def describe(event: Event) -> str:
+def describe(event: Event, times: TimeView | None = None) -> str:
     """One human line for an event."""
+    times = times or TimeView.local()
     if event.completion_reason:
         summary = event.completion_reason
-    elif event.type.value == "watch":
+    elif event.type is EventType.WATCH:
         first = event.output.splitlines()[0] if event.output else ""
         summary = f"{event.data.get('matches', 1)} line(s): {first}"
-    elif event.type.value == "heartbeat":
+    elif event.type is EventType.HEARTBEAT:
         summary = f"{event.data.get('bytes', 0)} new bytes"
     elif event.note:
         summary = event.note
     else:
         summary = str(event.data.get("reason") or "")
-    if event.note and event.type.value == "completion":
+    if event.note and event.type is EventType.COMPLETION:
         summary = f"{summary} [handoff: {event.note}]"
     return (
-        f"{event.id}  {short(event.created_at)}  {event.session_id}#{event.seq}  "
+        f"{event.id}  {times.both(event.created_at)}  {event.session_id}#{event.seq}  "
         f"{event.type.value:<14} {event.owner}  {summary}"
     ).rstrip()
 
@@ -133,7 +134,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         elif not found:
             ctx.out("no events" if args.all else "no unacknowledged events (--all lists all)")
         for event in found if not ctx.json else ():
-            ctx.out(describe(event))
+            ctx.out(describe(event, ctx.times()))
         return 0
     last = found[-1].position if found else _last_position(registry)
     for event in found:
@@ -158,5 +159,5 @@ def _print_one(ctx: Context, event: Event) -> None:
     if ctx.json:
         ctx.stdout.write(json.dumps(event_json(event)) + "\n")
     else:
-        ctx.out(describe(event))
+        ctx.out(describe(event, ctx.times()))
     ctx.stdout.flush()

@@ -9,12 +9,11 @@ skew the host measured. Without a cluster database it says so and exits 2.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.timefmt import iso, short
+from dispatcher.timefmt import iso
 from scope.foundation.errors import UsageError
 
 DESCRIPTION = (
@@ -31,23 +30,23 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
     """List the hosts."""
-    # The driver is imported only for this command (the CLI's start-up stays light).
-    from dispatcher.cluster.database import ClusterDB, password_from_file
-    from dispatcher.cluster.hosts import Hosts
+    from dispatcher.app.clusterstate import cluster_url, open_cluster_state
 
-    cluster = ctx.settings.cluster
-    url = cluster.url(ctx.environ)
+    url = cluster_url(ctx.settings, ctx.environ)
+    if url is None and ctx.config_problem is not None:
+        raise UsageError(
+            "the cluster database is unknown while the config cannot be read",
+            remedy="fix the config, or name the database with DISPATCH_DATABASE_URL",
+        )
     if url is None:
         raise UsageError(
             "no cluster database is configured (this host runs alone on SQLite)",
             remedy="set cluster.database in config.yaml or DISPATCH_DATABASE_URL",
         )
-    password = None
-    if cluster.password_file:
-        password = password_from_file(Path(cluster.password_file))
-    with ClusterDB(url, password=password, max_size=1) as db:
-        rows = Hosts(db, lease_ttl=cluster.lease_ttl).rows()
-        with db.read() as conn:
+    with open_cluster_state(ctx.settings, ctx.state_dir, ctx.environ) as state:
+        assert state.hosts is not None and state.db is not None
+        rows = state.hosts.rows()
+        with state.db.read() as conn:
             open_runs = {
                 r[0]: int(r[1])
                 for r in conn.execute(
@@ -56,18 +55,23 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
                 ).fetchall()
             }
     hosts = [_host_json(row, open_runs.get(row.host_id, 0)) for row in rows]
-    if args.json:
+    if ctx.json:
         ctx.emit_json(hosts)
         return 0
     if not hosts:
         ctx.out("no host has joined this cluster yet")
         return 0
-    ctx.out(f"{'HOST':<20} {'LEASE':<8} {'HEARTBEAT':<12} {'EPOCH':>5} {'RUNS':>5} {'SKEW':>7}")
+    times = ctx.times()
+    ctx.out(
+        f"{'HOST':<16} {'BOOT ID':<13} {'VERSION':<8} {'LEASE':<8} {'HEARTBEAT':<12} "
+        f"{'EPOCH':>5} {'RUNS':>5} {'SKEW':>8}"
+    )
     for row, shown in zip(rows, hosts, strict=True):
         skew = "-" if row.skew is None else f"{row.skew:+.2f}s"
         ctx.out(
-            f"{row.host_id:<20} {shown['lease']:<8} {short(row.heartbeat_at):<12} "
-            f"{row.epoch:>5} {shown['running_runs']:>5} {skew:>7}"
+            f"{row.host_id:<16} {row.boot_id[:13]:<13} {row.version:<8} {shown['lease']:<8} "
+            f"{times.ago(row.heartbeat_at):<12} {row.epoch:>5} {shown['running_runs']:>5} "
+            f"{skew:>8}"
         )
     return 0
 

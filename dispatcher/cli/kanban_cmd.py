@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
+from dispatcher.cli.options import positive_int, watch_options, watched
 from dispatcher.cli.parser import (
     Parser,
     Subparsers,
@@ -25,11 +27,13 @@ from dispatcher.cli.parser import (
 )
 from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
 from dispatcher.kanban.views import (
+    SORT_KEYS,
     board_text,
     card_json,
     card_table,
     show_json,
     show_text,
+    sorted_cards,
     tick_json,
     tick_text,
 )
@@ -39,6 +43,7 @@ from scope.foundation.errors import UsageError
 MAX_BODY_BYTES = 16 * 1024 * 1024
 PRIORITY = int_arg(-(10**9), 10**9)
 FAILURE_LIMIT = int_arg(1, 10**6)
+CARD_HELP = "card id or a unique prefix (at least 4 characters)"
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -52,7 +57,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         return command
 
     add = sub("add", "Add a card; prints its id.", handle_add)
-    add.add_argument("title", metavar="TITLE")
+    add.add_argument("title", metavar="TITLE", help="the card's title")
     add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
     _body_options(add)
     add.add_argument("--priority", type=PRIORITY, default=0, metavar="N", help="higher = sooner")
@@ -68,21 +73,25 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         "--failure-limit", type=FAILURE_LIMIT, metavar="N", help="override kanban.failure_limit"
     )
 
-    ls = sub("list", "List cards (archived ones only with --all).", handle_list)
-    ls.add_argument("--status", choices=[s.value for s in CardStatus], metavar="S")
-    ls.add_argument("--assignee", metavar="A")
-    ls.add_argument("--all", action="store_true", help="include archived cards")
+    _list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
 
     show = sub("show", "Show a card with its runs and events.", handle_show)
-    show.add_argument("id", metavar="ID")
+    show.add_argument("id", metavar="ID", help=CARD_HELP)
 
     edit = sub("edit", "Change a card's title, body, priority or assignee.", handle_edit)
-    edit.add_argument("id", metavar="ID")
-    edit.add_argument("--title")
+    edit.add_argument("id", metavar="ID", help=CARD_HELP)
+    edit.add_argument("--title", help="a new title")
     _body_options(edit)
-    edit.add_argument("--priority", type=PRIORITY, metavar="N")
-    edit.add_argument("--assignee", metavar="NAME")
-    edit.add_argument("--failure-limit", type=FAILURE_LIMIT, metavar="N")
+    edit.add_argument(
+        "--priority", type=PRIORITY, metavar="N", help="a new priority (higher = sooner)"
+    )
+    edit.add_argument("--assignee", metavar="NAME", help="another kanban.assignees name")
+    edit.add_argument(
+        "--failure-limit",
+        type=FAILURE_LIMIT,
+        metavar="N",
+        help="override kanban.failure_limit for it",
+    )
 
     tick = sub("tick", "Run one dispatcher pass (for a Type=oneshot unit or cron).", handle_tick)
     tick.add_argument("--max", type=int_arg(0, 10**6), metavar="N", help="claim at most N cards")
@@ -90,36 +99,78 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         "--dry-run", action="store_true", help="show what would start; change nothing"
     )
 
+    _worker_commands(sub)
+
+    unblock = sub("unblock", "Unblock a card (resets its failure count).", handle_unblock)
+    unblock.add_argument("id", metavar="ID", help=CARD_HELP)
+
+    retry = sub(
+        "retry",
+        "Run a done, blocked or review card again (a new run; counts reset).",
+        handle_retry,
+    )
+    retry.add_argument("id", metavar="ID", help=CARD_HELP)
+    retry.add_argument(
+        "--reason", metavar="TEXT", help="why, recorded in the card's events (default: retry)"
+    )
+
+    move = sub("move", "Operator override of a card's status.", handle_move)
+    move.add_argument("id", metavar="ID", help=CARD_HELP)
+    move.add_argument("status", metavar="STATUS", help="/".join(s.value for s in MOVE_TARGETS))
+
+    archive = sub("archive", "Archive a card (stops a running worker first).", handle_archive)
+    archive.add_argument("id", metavar="ID", help=CARD_HELP)
+
+    board = sub("board", "A compact view of the board by status.", handle_board)
+    watch_options(board)
+    sub("pause", "Stop claiming cards (stored; survives restarts).", handle_pause)
+    sub("resume", "Resume claiming cards.", handle_resume)
+
+
+def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
+    """``complete``, ``block`` and ``review``: what a worker reports about its own card."""
     complete = sub("complete", "Worker: report the card done.", handle_complete)
     _worker_options(complete)
     complete.add_argument("--result", metavar="TEXT", help="a short result to store")
 
     block = sub("block", "Worker: block the card.", handle_block)
     _worker_options(block)
-    block.add_argument("--kind", required=True, choices=["needs_input", "transient"])
-    block.add_argument("--reason", required=True, metavar="TEXT")
+    block.add_argument(
+        "--kind",
+        required=True,
+        choices=["needs_input", "transient"],
+        help="needs_input: waits for a person (unblock); transient: retried after a while",
+    )
+    block.add_argument("--reason", required=True, metavar="TEXT", help="why, for the operator")
 
     review = sub("review", "Worker: hand the card to review.", handle_review)
     _worker_options(review)
 
-    unblock = sub("unblock", "Unblock a card (resets its failure count).", handle_unblock)
-    unblock.add_argument("id", metavar="ID")
 
-    move = sub("move", "Operator override of a card's status.", handle_move)
-    move.add_argument("id", metavar="ID")
-    move.add_argument("status", metavar="STATUS", help="/".join(s.value for s in MOVE_TARGETS))
-
-    archive = sub("archive", "Archive a card (stops a running worker first).", handle_archive)
-    archive.add_argument("id", metavar="ID")
-
-    sub("board", "A compact view of the board by status.", handle_board)
-    sub("pause", "Stop claiming cards (stored; survives restarts).", handle_pause)
-    sub("resume", "Resume claiming cards.", handle_resume)
+def _list_options(ls: Parser) -> None:
+    """``kanban list``'s filters, order, limit and --watch."""
+    ls.add_argument(
+        "--status",
+        choices=[s.value for s in CardStatus],
+        metavar="S",
+        help="only cards in status S (" + ", ".join(s.value for s in CardStatus) + ")",
+    )
+    ls.add_argument("--assignee", metavar="A", help="only cards of assignee A")
+    ls.add_argument("--all", action="store_true", help="include archived cards")
+    ls.add_argument(
+        "--sort",
+        choices=sorted(SORT_KEYS),
+        default="priority",
+        help="order: priority (highest first, the default), created (oldest first), "
+        "updated (newest first), status (board order) or id",
+    )
+    ls.add_argument("--limit", type=positive_int, metavar="N", help="at most N cards")
+    watch_options(ls)
 
 
 def _body_options(parser: Parser) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--body", metavar="TEXT")
+    group.add_argument("--body", metavar="TEXT", help="the card's body (the worker's brief)")
     group.add_argument(
         "--body-file", type=path_arg, metavar="F", help="read the body from F ('-': stdin)"
     )
@@ -143,6 +194,13 @@ def _workspace(ctx: Context) -> Workspace:
     )
     ctx.on_close(workspace)
     return workspace
+
+
+def _refresh(ctx: Context, workspace: Workspace) -> None:
+    """Reconcile finished runs before a board read, unless the config is broken: closing a
+    run applies the configured failure taxonomy, which built-in defaults would get wrong."""
+    if ctx.config_problem is None:
+        workspace.refresh()
 
 
 def _read_body(args: argparse.Namespace) -> str | None:
@@ -213,18 +271,23 @@ def handle_add(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def handle_list(args: argparse.Namespace, ctx: Context) -> int:
-    """List cards after reconciling finished runs."""
+    """List cards after reconciling finished runs (``--watch``: again and again)."""
+    return watched(args, ctx, lambda: _list_once(args, ctx))
+
+
+def _list_once(args: argparse.Namespace, ctx: Context) -> int:
     workspace = _workspace(ctx)
-    workspace.refresh()
+    _refresh(ctx, workspace)
     cards = workspace.store.list_cards(
         statuses=[CardStatus(args.status)] if args.status else None,
         assignee=args.assignee,
         include_archived=args.all,
     )
+    cards = sorted_cards(cards, args.sort, args.limit)
     if ctx.json:
         ctx.emit_json([card_json(c) for c in cards])
     else:
-        for line in card_table(cards):
+        for line in card_table(cards, times=ctx.times()):
             ctx.out(line)
     return 0
 
@@ -233,14 +296,18 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     """One card with runs and events."""
     workspace = _workspace(ctx)
     card_id = workspace.store.resolve_card(args.id).id
-    workspace.refresh()
+    _refresh(ctx, workspace)
     card = workspace.store.get_card(card_id)
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
     if ctx.json:
-        ctx.emit_json(show_json(card, runs, events))
+        doc = show_json(card, runs, events)
+        hosts = workspace.run_hosts(card_id)
+        for run in doc["runs"]:
+            run["host"] = hosts.get(run["run_id"])
+        ctx.emit_json(doc)
     else:
-        for line in show_text(card, runs, events):
+        for line in show_text(card, runs, events, times=ctx.times()):
             ctx.out(line)
     return 0
 
@@ -273,6 +340,14 @@ def handle_unblock(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
+def handle_retry(args: argparse.Namespace, ctx: Context) -> int:
+    """A new run of a finished card (the gateway is poked and claims it at once)."""
+    workspace = _workspace(ctx)
+    card = workspace.board.retry(args.id, reason=args.reason, now=workspace.now())
+    _print_card(ctx, card.id, card_json(card), f"{card.id} {card.status.value} (retry)")
+    return 0
+
+
 def handle_move(args: argparse.Namespace, ctx: Context) -> int:
     """Operator override of the status."""
     workspace = _workspace(ctx)
@@ -290,9 +365,13 @@ def handle_archive(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def handle_board(args: argparse.Namespace, ctx: Context) -> int:
-    """Cards grouped by status."""
+    """Cards grouped by status (``--watch``: again and again)."""
+    return watched(args, ctx, lambda: _board_once(ctx))
+
+
+def _board_once(ctx: Context) -> int:
     workspace = _workspace(ctx)
-    workspace.refresh()
+    _refresh(ctx, workspace)
     cards = workspace.store.list_cards()
     paused = workspace.store.paused()
     if ctx.json:
@@ -336,7 +415,7 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     if args.max is not None and args.max < 0:
         raise UsageError(f"--max {args.max}: must not be negative")
     workspace = _workspace(ctx)
-    report = workspace.dispatcher().tick(workspace.now(), max_claims=args.max, dry_run=args.dry_run)
+    report = workspace.tick(max_claims=args.max, dry_run=args.dry_run)
     for warning in report.warnings:
         ctx.warn(f"warning: {warning}")
     if ctx.json:

@@ -9,15 +9,19 @@ secret split across two reads.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping
 from typing import BinaryIO
 
 from dispatcher.app.runtime import Runtime, runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, int_arg
-from registry.abc import Registry, Session
+from dispatcher.cli.ps_cmd import session_json
+from dispatcher.cli.wait_cmd import exit_status
+from registry.abc import Registry, Session, SessionState
 from registry.hooks import OutputHooks
 from registry.output import LogReader
 from scope.foundation.errors import UsageError
@@ -39,7 +43,11 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         "(its latest run) or run id",
     )
     parser.add_argument(
-        "-f", "--follow", action="store_true", help="keep printing until the session ends"
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing until the session ends, then exit with its result (its exit code, "
+        "128+N for signal N); with --json one JSON object per line",
     )
     parser.add_argument("--tail", metavar="N", type=int_arg(0, 10**9), help="only the last N lines")
     parser.add_argument(
@@ -100,11 +108,12 @@ def stream(
     *,
     hooks: LineRedactor | None = None,
     timeout: float | None = None,
+    sink: Callable[[bytes], object] | None = None,
 ) -> Session | None:
     """Print what the log gains from ``offset`` on until the session is final; returns it
     (None when ``timeout`` elapsed first; the worker keeps running). With ``hooks`` the
-    output is redacted line by line."""
-    out = binary_out(ctx)
+    output is redacted line by line; ``sink`` receives the bytes instead of stdout."""
+    out = _Sink(sink) if sink is not None else binary_out(ctx)
     reader = LogReader(session.log_path, offset)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
@@ -129,6 +138,19 @@ def stream(
         registry.wait(session.id, timeout=0.1 if remaining is None else min(0.1, remaining))
 
 
+class _Sink:
+    """A write()/flush() front for a callable (``-f --json``)."""
+
+    def __init__(self, target: Callable[[bytes], object]) -> None:
+        self.target = target
+
+    def write(self, data: bytes) -> None:
+        self.target(data)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+
 def tail_lines(registry: Registry, session_id: str, count: int, end: int) -> bytes:
     """The last ``count`` lines of the log's first ``end`` bytes."""
     if count == 0:
@@ -146,11 +168,18 @@ def tail_lines(registry: Registry, session_id: str, count: int, end: int) -> byt
     return b"".join(data.splitlines(keepends=True)[-count:])
 
 
-def _session_id(runtime: Runtime, given: str) -> str:
+def _session_id(runtime: Runtime, given: str, environ: Mapping[str, str]) -> str:
     """A kanban card id (its latest run's session) or run id also names a session."""
+    from dispatcher.app.clusterstate import open_cluster_state
     from dispatcher.kanban.lookup import resolve_session_id
+    from dispatcher.kanban.rows import CARD_PREFIX, RUN_PREFIX
 
-    return resolve_session_id(runtime.db, given) or given
+    if not given.strip().startswith((CARD_PREFIX, RUN_PREFIX)):
+        return given  # a session id: the board is not asked
+    with open_cluster_state(
+        runtime.settings, runtime.state_dir, environ, local=runtime.db
+    ) as state:
+        return resolve_session_id(state.board, given) or given
 
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
@@ -159,12 +188,12 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError(f"--tail {args.tail}: give a number of lines >= 0")
     runtime = runtime_from_context(ctx)
     registry = runtime.registry
-    session = registry.resolve(_session_id(runtime, args.id))
+    session = registry.resolve(_session_id(runtime, args.id, ctx.environ))
     if not os.path.exists(session.log_path):
         ctx.warn(
             f"error: session {session.id} ({session.state.value}): output log "
             f"{session.log_path} is missing"
-            + (f" ({session.completion_reason})" if session.state.value == "lost" else "")
+            + (f" ({session.completion_reason})" if session.state is SessionState.LOST else "")
         )
         return 1
     # Everything up to this size is printed now; -f continues from exactly there.
@@ -179,7 +208,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         data = redactor(data)
         if not args.follow:
             data += redactor.finish()
-    if ctx.json:
+    if ctx.json and not args.follow:
         ctx.emit_json(
             {
                 "id": session.id,
@@ -189,9 +218,41 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
             }
         )
         return 0
+    if ctx.json:
+        return _follow_json(ctx, registry, session, data, offset, redactor)
     out = binary_out(ctx)
     out.write(data)
     out.flush()
-    if args.follow:
-        stream(ctx, registry, session, offset, hooks=redactor)
-    return 0
+    if not args.follow:
+        return 0
+    final = stream(ctx, registry, session, offset, hooks=redactor)
+    # Like `run --follow` and `wait`: the worker's result is the exit status.
+    return exit_status(final) if final is not None else 0
+
+
+def _follow_json(
+    ctx: Context,
+    registry: Registry,
+    session: Session,
+    data: bytes,
+    offset: int,
+    redactor: LineRedactor | None,
+) -> int:
+    """``-f --json``: JSON Lines, one ``{"id", "offset", "output"}`` object per chunk as it
+    arrives, then the finished session (its ``ps --json`` shape) as the last line."""
+    position = 0
+
+    def chunk(raw: bytes) -> None:
+        nonlocal position
+        if raw:
+            line = {"id": session.id, "offset": position, "output": raw.decode("utf-8", "replace")}
+            ctx.stdout.write(json.dumps(line) + "\n")
+            ctx.stdout.flush()
+            position += len(raw)
+
+    chunk(data)
+    final = stream(ctx, registry, session, offset, hooks=redactor, sink=chunk)
+    assert final is not None
+    ctx.stdout.write(json.dumps(session_json(final)) + "\n")
+    ctx.stdout.flush()
+    return exit_status(final)

@@ -8,24 +8,27 @@ line on stderr and their class's exit code; anything else is a bug and shows a t
 
 from __future__ import annotations
 
-import importlib
-import logging
 import os
-import sqlite3
 import sys
-from collections.abc import Mapping, Sequence
 
 from dispatcher import __version__
-from dispatcher.cli.context import Context
-from dispatcher.cli.groups import GROUPS, chosen_group
-from dispatcher.cli.parser import Parser, global_options
-from scope.foundation.errors import DispatchError
-from scope.foundation.text import one_line
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs the CLI's start-up
+    import argparse
+    import logging
+    from collections.abc import Mapping, Sequence
+
+    from dispatcher.cli.context import Context
+    from dispatcher.cli.parser import Parser
+    from scope.foundation.clock import Clock
+    from scope.foundation.errors import DispatchError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_RESTART = 75
+EXIT_CLOSED_STDOUT = 141
 
 
 def build_parser(argv: Sequence[str] | None = None) -> Parser:
@@ -34,6 +37,11 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
     Only the group ``argv`` names is imported and registered in full; the others are one-line
     placeholders, so start-up stays cheap and ``--help`` still lists every group. Without
     ``argv`` every group is registered (for documentation and tests)."""
+    import importlib
+
+    from dispatcher.cli.groups import GROUPS, chosen_group
+    from dispatcher.cli.parser import Parser, Version, global_options
+
     common = global_options()
     parser = Parser(
         prog="dispatch",
@@ -42,7 +50,7 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
         epilog="Exit codes: 0 ok, 1 failed/unhealthy, 2 usage or config error, "
         "75 serve asks for a restart. Docs: docs/ in the source tree.",
     )
-    parser.add_argument("--version", action="version", version=f"dispatch {__version__}")
+    parser.add_argument("--version", action=Version, help="print the version and exit")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     subs.required = True
     wanted = None if argv is None else chosen_group(list(argv))
@@ -55,22 +63,93 @@ def build_parser(argv: Sequence[str] | None = None) -> Parser:
     return parser
 
 
+def parse(arguments: list[str]) -> argparse.Namespace:
+    """Parse a command line; every usage error names the problem and points at the help of
+    the innermost command it concerns (``see 'dispatch kanban add --help'``)."""
+    from dispatcher.cli.groups import chosen_group, unknown_global_option
+    from dispatcher.cli.parser import check_text_arguments, safe_message
+    from scope.foundation.errors import UsageError
+    from scope.foundation.text import quote
+
+    parser = build_parser(arguments)
+    if chosen_group(arguments) is None:
+        # Without a command argparse would only say "required: COMMAND", hiding the typo.
+        unknown = unknown_global_option(arguments)
+        if unknown is not None:
+            raise UsageError(f"unrecognized argument: {quote(unknown)} (see 'dispatch --help')")
+    args, extras = parser.parse_known_args(arguments)
+    if extras:
+        raise UsageError(
+            f"unrecognized arguments: {safe_message(' '.join(extras), extras)} "
+            f"(see '{command_path(args, arguments)} --help')"
+        )
+    check_text_arguments(parser, args)
+    return args
+
+
+def command_path(args: argparse.Namespace, arguments: list[str]) -> str:
+    """``dispatch kanban add`` for a parsed ``dispatch kanban add ...``."""
+    from dispatcher.cli.groups import chosen_group
+
+    parts = ["dispatch"]
+    group = chosen_group(arguments)  # not args.command: `run` keeps its argv under that name
+    if group:
+        parts.append(group)
+        sub = getattr(args, f"{group}_command", None)
+        if isinstance(sub, str):
+            parts.append(sub)
+    return " ".join(parts)
+
+
 def main(
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    clock: Clock | None = None,
 ) -> int:
-    """Run the CLI; returns the exit status (the console script exits with it)."""
+    """Run the CLI; returns the exit status (the console script exits with it). ``clock``
+    fixes "now" for the times the views show (tests)."""
     environ = os.environ if environ is None else environ
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments == ["--version"]:
+        # The one answer that needs no parser at all (every oneshot tick and completion
+        # script asks it): printed before argparse is even imported.
+        sys.stdout.write(f"dispatch {__version__}\n")
+        return 0
+    from scope.foundation.errors import DispatchError
+
+    try:
+        # Parsing needs nothing but argparse: --version and usage errors end here, before
+        # logging, the database driver or the command's modules are imported.
+        args = parse(arguments)
+    except DispatchError as err:
+        _print_error(err)
+        return err.exit_code
+    return _run(args, environ, clock)
+
+
+def _run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock | None) -> int:
+    """Run the parsed command: one line on stderr for our errors, see :func:`main`."""
+    import logging
+    import sqlite3
+
+    from dispatcher.cli.context import Context
+    from scope.foundation.errors import DispatchError
+
     ctx: Context | None = None
     handler = _diagnostics_handler()
     try:
-        arguments = list(sys.argv[1:] if argv is None else argv)
-        args = build_parser(arguments).parse_args(arguments)
-        ctx = Context(args, environ)
+        ctx = Context(args, environ, clock=clock)
+        if ctx.read_only:
+            # A broken config is named once, up front, whether or not the view needs it.
+            ctx.config  # noqa: B018
         status = args.handler(args, ctx)
+        # Flushed here, not at interpreter exit, so a reader that went away (| head) is
+        # handled below like any other closed stdout.
+        ctx.stdout.flush()
         return int(status or 0)
     except DispatchError as err:
-        print(f"dispatch: error: {one_line(err.message)}", file=sys.stderr)
+        _print_error(err)
         return err.exit_code
     except sqlite3.DatabaseError as err:
         # Store queries raise sqlite3 errors for a damaged or foreign database: one line, no
@@ -81,27 +160,38 @@ def main(
         print("dispatch: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # stdout closed early (| head): not an error worth a traceback.
+        # stdout closed early (| head): no traceback and no message, and the same status for
+        # every command and output format: 128 + SIGPIPE, what a shell reports for a program
+        # that a closed pipe ended (cat, and most tools that do not catch SIGPIPE).
         _silence_stdout()
-        return EXIT_FAILED
+        return EXIT_CLOSED_STDOUT
     finally:
         if ctx is not None:
             ctx.close()
         logging.getLogger("dispatch").removeHandler(handler)
 
 
-class _Diagnostics(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        text = record.getMessage().replace("\n", " | ")
-        return f"dispatch: {record.levelname.lower()}: {text}"
+def _print_error(err: DispatchError) -> None:
+    """The one stderr line of an error; escaped and bounded whatever the message holds (its
+    parts quote user text already; this is the backstop)."""
+    from scope.foundation.text import one_line
+
+    print(f"dispatch: error: {one_line(err.message)}", file=sys.stderr)
 
 
 def _diagnostics_handler() -> logging.Handler:
     """Warnings from the library (a degraded placement, a lost session) as one line each on
     stderr; ``dispatch serve`` replaces this with its own journal-friendly handler."""
+    import logging
+
+    class Diagnostics(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            text = record.getMessage().replace("\n", " | ")
+            return f"dispatch: {record.levelname.lower()}: {text}"
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
-    handler.setFormatter(_Diagnostics())
+    handler.setFormatter(Diagnostics())
     handler.dispatch_cli = True  # type: ignore[attr-defined]
     logger = logging.getLogger("dispatch")
     logger.addHandler(handler)
@@ -120,7 +210,12 @@ def _silence_stdout() -> None:
 
 
 def entry() -> None:
-    """Console-script entry: exit with :func:`main`'s status."""
+    """Console-script entry: exit with :func:`main`'s status (or answer a shell's completion
+    request and exit; that costs nothing when no shell asks)."""
+    if "_ARGCOMPLETE" in os.environ:
+        from dispatcher.cli.completion import entry_hook
+
+        entry_hook()
     # Names that came from the OS as bytes (argv, paths) and are not UTF-8 reach Python as
     # lone surrogates; write them back as the same bytes instead of failing on output.
     # (stderr already escapes them with backslashes.)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any
 
 from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
+from dispatcher.cli.options import positive_int, since_arg, watch_options, watched
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.timefmt import iso, short
-from registry.abc import Session
+from dispatcher.timefmt import iso
+from registry.abc import Session, SessionState
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -18,9 +20,32 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         subparsers,
         "ps",
         common,
-        description="List registry sessions: running ones, or all with --all (newest first).",
+        description="List registry sessions: running ones, or all with --all (newest first). "
+        "--state, --owner and --since filter, --limit keeps the newest N.",
     )
     parser.add_argument("--all", "-a", action="store_true", help="include finished sessions")
+    parser.add_argument(
+        "--state",
+        action="append",
+        choices=[s.value for s in SessionState],
+        metavar="STATE",
+        help="only sessions in STATE (repeatable; a finished state implies --all): "
+        + ", ".join(s.value for s in SessionState),
+    )
+    parser.add_argument(
+        "--owner",
+        metavar="OWNER",
+        help="only sessions of this owner: exact (kanban:r_1a2b) or a prefix ending before "
+        "a colon (cli, cli:alice, cron)",
+    )
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only sessions started since WHEN: a duration back (30m, 2h, 1d) or an ISO-8601 "
+        "time; implies --all",
+    )
+    parser.add_argument("--limit", type=positive_int, metavar="N", help="at most N, newest first")
+    watch_options(parser)
     parser.set_defaults(handler=handle)
 
 
@@ -54,15 +79,47 @@ def describe_end(session: Session) -> str:
     return "-"
 
 
+def owner_matches(owner: str, wanted: str) -> bool:
+    """``--owner``: the same owner, or ``wanted`` is a prefix ending before a ``:`` (the rule
+    ``dispatch events --owner`` follows)."""
+    return owner == wanted or owner.startswith(wanted + ":")
+
+
+def select(sessions: Sequence[Session], args: argparse.Namespace, now: float) -> list[Session]:
+    """The sessions ``--state``, ``--owner``, ``--since`` and ``--limit`` keep."""
+    since = since_arg(args.since, now) if args.since else None
+    kept = [
+        s
+        for s in sessions
+        if (not args.state or s.state.value in args.state)
+        and (args.owner is None or owner_matches(str(s.owner), args.owner))
+        and (since is None or (s.started_at or 0) >= since)
+    ]
+    return kept if args.limit is None else kept[: args.limit]
+
+
 def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Print the sessions as a table or one JSON array."""
+    """Print the sessions as a table or one JSON array (``--watch``: again and again)."""
+    return watched(args, ctx, lambda: _once(args, ctx))
+
+
+def _once(args: argparse.Namespace, ctx: Context) -> int:
     runtime = runtime_from_context(ctx)
-    sessions = runtime.registry.list_sessions(include_finished=args.all)
+    finished = bool(args.all or args.since or set(args.state or ()) - {"running"})
+    times = ctx.times()
+    sessions = select(runtime.registry.list_sessions(include_finished=finished), args, times.now)
     if ctx.json:
         ctx.emit_json([session_json(s) for s in sessions])
         return 0
     if not sessions:
-        ctx.out("no sessions" if args.all else "no running sessions (--all lists finished ones)")
+        filtered = args.state or args.owner or args.since
+        ctx.out(
+            "no matching sessions"
+            if filtered
+            else "no sessions"
+            if args.all
+            else "no running sessions (--all lists finished ones)"
+        )
         return 0
     rows = [("ID", "STATE", "PID", "PLACEMENT", "STARTED", "END", "COMMAND")]
     for s in sessions:
@@ -72,7 +129,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
                 s.state.value,
                 str(s.worker_pid or "-"),
                 s.placement.value,
-                short(s.started_at),
+                times.both(s.started_at),
                 describe_end(s),
                 " ".join(s.argv),
             )

@@ -1,7 +1,7 @@
 """`dispatch run`: start a command as a registry session.
 
-``dispatch run [--pty] [--cwd DIR] [--wait [--timeout S]] [--follow] [--shell]
-[--notify] [--heartbeat S] [--watch PATTERN] [--watch-regex REGEX] -- CMD ARGS...``
+``dispatch run [--pty] [--cwd DIR] [--env NAME=VALUE]... [--wait [--timeout S]] [--follow]
+[--shell] [--notify] [--heartbeat S] [--watch PATTERN] [--watch-regex REGEX] -- CMD ARGS...``
 
 Prints the session id as the only line on stdout (``--json``: the session as JSON), then exits.
 ``--wait`` waits for the worker and passes its result through as the exit status (its exit
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import re
 
 from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
@@ -31,6 +32,7 @@ from dispatcher.cli.parser import Parser, Subparsers, add_group, path_arg
 from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, report
 from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, WatchPattern
+from registry.procinfo import MARKER_ENV
 from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
 
@@ -67,6 +69,15 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     )
     parser.add_argument("--shell", action="store_true", help="CMD is one string run by /bin/sh -c")
     parser.add_argument(
+        "--env",
+        "-e",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set NAME to VALUE in the worker's environment (repeatable; the value may be "
+        "empty or contain '=')",
+    )
+    parser.add_argument(
         "--notify", action="store_true", help="publish a completion event when it ends"
     )
     parser.add_argument(
@@ -94,7 +105,12 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         metavar="REGEX",
         help="publish a watch event for output lines matching REGEX (repeatable)",
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- CMD ARGS",
+        help="the command and its arguments, after -- (one string with --shell)",
+    )
     parser.set_defaults(handler=handle)
 
 
@@ -114,6 +130,25 @@ def _command(args: argparse.Namespace) -> list[str] | str:
     return words
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_assignments(values: list[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` flags as a mapping; a bad name is a usage error."""
+    found: dict[str, str] = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(name):
+            raise UsageError(
+                f"--env {value!r}: expected NAME=VALUE with NAME made of letters, digits and "
+                "'_', not starting with a digit"
+            )
+        if name == MARKER_ENV:
+            raise UsageError(f"--env {name}: set by dispatch itself (it marks the session)")
+        found[name] = text
+    return found
+
+
 def _owner() -> Owner:
     try:
         user = getpass.getuser()
@@ -125,6 +160,7 @@ def _owner() -> Owner:
 def handle(args: argparse.Namespace, ctx: Context) -> int:
     """Spawn, then print the id, wait or follow."""
     command = _command(args)
+    extra_env = env_assignments(args.env)
     timeout = duration_arg(args.timeout)
     if timeout is not None and not (args.wait or args.follow):
         raise UsageError("--timeout needs --wait or --follow")
@@ -152,7 +188,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         SpawnRequest(
             argv=command,
             cwd=cwd,
-            env=ctx.environ,
+            env={**ctx.environ, **extra_env},
             owner=_owner(),
             caller=CallerKind.CLI,
             pty=args.pty,

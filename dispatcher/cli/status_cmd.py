@@ -8,8 +8,9 @@ import argparse
 from typing import Any
 
 from dispatcher.cli.context import Context
+from dispatcher.cli.options import watch_options, watched
 from dispatcher.cli.parser import Parser, Subparsers, add_group, int_arg
-from dispatcher.timefmt import iso
+from dispatcher.timefmt import TimeView, iso, span
 from registry.errors import StateError
 
 
@@ -21,26 +22,34 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         type=int_arg(0, 1000),
         default=5,
         metavar="N",
-        help="how many next cron fires to show",
+        help="how many next cron fires to show (default 5; 0 for none)",
     )
+    watch_options(parser)
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
-    """Print the status document."""
+    """Print the status document (``--watch``: again and again)."""
+    return watched(args, ctx, lambda: _once(args, ctx))
+
+
+def _once(args: argparse.Namespace, ctx: Context) -> int:
     from dispatcher.app.runtime import runtime_from_context
+    from dispatcher.gateway.clusterview import cluster_status
     from dispatcher.gateway.report import status_document
 
+    times = ctx.times()
     try:
         runtime = runtime_from_context(ctx)
-        doc = status_document(runtime, ctx.environ, fires=max(0, args.fires))
+        doc = status_document(runtime, ctx.environ, now=times.now, fires=args.fires)
+        doc["cluster"] = cluster_status(ctx.settings, ctx.state_dir, ctx.environ)
     except StateError as err:
         _without_database(ctx, err)
         raise
     if ctx.json:
         ctx.emit_json(_json(doc))
         return 0
-    _human(ctx, doc)
+    _human(ctx, doc, times)
     return 0
 
 
@@ -68,6 +77,11 @@ def _json(doc: dict[str, Any]) -> dict[str, Any]:
             serve[key] = iso(serve[key])
     if "uptime" in serve:
         serve["uptime_seconds"] = int(serve.pop("uptime"))
+    if serve.get("last_reload"):
+        reload = dict(serve["last_reload"])
+        for key in ("started_at", "finished_at"):
+            reload[key] = iso(reload[key])
+        serve["last_reload"] = reload
     return {
         **doc,
         "serve": serve,
@@ -78,12 +92,22 @@ def _json(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _human(ctx: Context, doc: dict[str, Any]) -> None:
+def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
+    from dispatcher.gateway.clusterview import cluster_lines
+
     serve = doc["serve"]
     if serve["running"]:
-        ctx.out(f"serve:      running, pid {serve['pid']}, up {_span(serve['uptime'])}")
+        up = f"since {times.at(serve['started_at'])}"
+        if not times.stable:
+            up = f"up {span(serve['uptime'])}, {up}"
+        ctx.out(f"serve:      running, pid {serve['pid']}, {up}")
     else:
         ctx.out("serve:      not running")
+    reload = serve.get("last_reload")
+    if reload:
+        verdict = "applied" if reload["ok"] else "REJECTED, old config kept"
+        detail = reload["source"] if reload["ok"] else reload["error"]
+        ctx.out(f"reload:     {verdict} {times.both(reload['finished_at'])}: {detail}")
     placement = ", ".join(f"{k} {v}" for k, v in doc["placement"].items())
     ctx.out(f"placement:  {placement}")
     kinds = ", ".join(f"{k} {n}" for k, n in doc["workers"]["by_kind"].items()) or "none"
@@ -95,23 +119,13 @@ def _human(ctx: Context, doc: dict[str, Any]) -> None:
     if fires:
         ctx.out("next fires:")
         for fire in fires:
-            ctx.out(f"  {iso(fire['at'], fire['zone'])}  {fire['job_id']}")
+            ctx.out(f"  {times.both(fire['at'])}  {fire['job_id']}")
     else:
         ctx.out("next fires: none")
+    for line in cluster_lines(doc.get("cluster")):
+        ctx.out(line)
     errors = doc["recent_errors"]
     if errors:
         ctx.out("recent errors:")
         for error in errors:
-            ctx.out(f"  {iso(error.get('at'))}  {error['source']}: {error['message']}")
-
-
-def _span(seconds: float) -> str:
-    seconds = int(seconds)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours}h"
-    if hours:
-        return f"{hours}h{minutes}m"
-    return f"{minutes}m{secs}s"
+            ctx.out(f"  {times.both(error.get('at'))}  {error['source']}: {error['message']}")

@@ -4,25 +4,44 @@ The board's SQL is the SQLite store's (:class:`dispatcher.kanban.store.SqlBoardS
 through :class:`~dispatcher.cluster.database.ClusterDB`, whose write transactions hold the
 board's advisory lock; this module adds what only a cluster has:
 
+* **claims** (:meth:`PgBoardStore.claim`) in one transaction that holds the board lock *shared*
+  (claims of several hosts overlap; every other board write excludes them), picks the card
+  with ``FOR UPDATE SKIP LOCKED`` in a CTE (a card another host is claiming is skipped, never
+  waited for, and never more than the one row is locked), then, under :data:`BUDGET_LOCK`,
+  counts the open runs (cluster-wide, the assignee's, this host's), checks this host's lease on
+  the database clock, and writes the run stamped with host and epoch, the card, the event, the
+  board version and the notification in one statement. The count and the insert are serialized
+  by that lock and nothing else is, so the caps hold however many hosts claim at once, and the
+  cost of a claim is a few index lookups whatever the size of the board;
 * every run is stamped with the claiming host and its lease epoch (:class:`HostStamp`);
 * every write about a run is **fenced**: it changes nothing unless the run's epoch is still its
   host's current epoch (and, for a host's own writes, the run is this host's at this epoch);
-* the per-host budget (``kanban.max_in_progress_per_host``) counts this host's open runs;
-* :meth:`PgBoardStore.rescue` closes the open runs of a host whose lease expired as ``lost``
-  (infrastructure: never counted against the card) and returns their cards to ready, in the same
-  transaction that bumps that host's epoch, so a host can never be rescued twice or half.
+* a store stamped for a host sees only that host's open runs in :meth:`PgBoardStore.open_runs`
+  (the runs it reconciles against its own registry: another host's sessions are not here);
+* :meth:`PgBoardStore.close_stale` closes the open runs of a host from older epochs as ``lost``
+  (infrastructure: never counted against the card) inside a rescue's transaction
+  (:mod:`dispatcher.cluster.rescue`).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from dispatcher.cluster.database import ClusterDB
-from dispatcher.cluster.hosts import Hosts
+from dispatcher.cluster.database import BUDGET_LOCK, ClusterDB
+from dispatcher.cluster.faults import ClusterFault
 from dispatcher.cluster.wake import CHANNEL
-from dispatcher.kanban.model import RunOutcome, RunResult
-from dispatcher.kanban.store import SqlBoardStore, SqlConnection
+from dispatcher.kanban import rules
+from dispatcher.kanban.abc import Claim, ClaimVerdict
+from dispatcher.kanban.model import EventKind, Limits, Run
+from dispatcher.kanban.rows import CARD_COLUMNS, RUN_PREFIX, card_of, db_value, new_id, run_of
+from dispatcher.kanban.sql import SqlConnection
+from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.taxonomy import Breaker, after_run
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 
 
 @dataclass(kw_only=True)
@@ -33,28 +52,79 @@ class HostStamp:
     epoch: int
 
 
+# The CTE is materialized (it locks), so exactly the one row asked for is locked, and the
+# budget lock is taken only once a card was picked.
+_PICK = (
+    "WITH picked AS ("  # noqa: S608 - constant column list
+    f" SELECT {CARD_COLUMNS} FROM kanban_cards"
+    " WHERE id = ? AND status = 'ready' AND current_run_id IS NULL"
+    " LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    " SELECT picked.*, pg_advisory_xact_lock(?)::text AS gate FROM picked"
+)
+# Read after the budget lock (a new snapshot per statement), so every claim committed before
+# it is counted. Each count walks a partial index of open runs, never the board.
+_FACTS = (
+    "SELECT (SELECT value FROM kanban_meta WHERE key = 'paused') AS paused,"
+    " (SELECT count(*) FROM kanban_runs WHERE outcome IS NULL) AS running,"
+    " (SELECT count(*) FROM kanban_runs WHERE outcome IS NULL AND host_id = ?) AS host,"
+    " (SELECT count(*) FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
+    "  WHERE r.outcome IS NULL AND c.assignee = ?) AS mine,"
+    " (SELECT count(*) FROM kanban_runs WHERE card_id = ?) AS attempts,"
+    " EXISTS (SELECT 1 FROM hosts WHERE host_id = ? AND epoch = ?"
+    "  AND lease_until > now() + make_interval(secs => ?)) AS leased"
+)
+
+
+@functools.cache
+def _claim_sql() -> str:
+    fields = rules.claimed_fields("", 0.0)
+    assignments = ", ".join(f"{name} = ?" for name in (*fields, "updated_at"))
+    return (
+        "WITH run AS (INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at,"  # noqa: S608
+        " claimer_pid, claimer_start, claimer_boot, host_id, epoch)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " RETURNING *),"
+        f" card AS (UPDATE kanban_cards SET {assignments}"
+        " WHERE id = ? AND status = 'ready' AND current_run_id IS NULL RETURNING id),"
+        " event AS (INSERT INTO kanban_events (card_id, run_id, kind, at, data)"
+        " SELECT id, ?, ?, ?, ? FROM card),"
+        " bump AS (UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version')"
+        " SELECT run.*, (SELECT count(*) FROM card) AS cas, pg_notify(?, '')::text AS woke"
+        " FROM run"
+    )
+
+
 class PgBoardStore(SqlBoardStore):
-    """Cards, runs and events shared by every host of a cluster."""
+    """Cards, runs and events shared by every host of a cluster (see the module docstring).
+
+    ``host_max`` is this host's ``kanban.max_in_progress_per_host`` (None: only the
+    cluster-wide cap), used when the caller's limits name none. ``shift`` moves the database
+    clock the lease check sees (tests only)."""
 
     PARENT_ORDER = "position"
     PREFIX_MATCH = "starts_with({column}, ?)"
 
-    def __init__(self, db: ClusterDB, stamp: HostStamp | None = None) -> None:
+    def __init__(
+        self,
+        db: ClusterDB,
+        stamp: HostStamp | None = None,
+        *,
+        host_max: int | None = None,
+        shift: Callable[[], float] = lambda: 0.0,
+        fault: ClusterFault | None = None,
+    ) -> None:
         super().__init__(db)
+        self.cluster = db
         self.stamp = stamp
+        self.host_max = host_max
+        self.shift = shift
+        self.fault = fault or ClusterFault()
 
     @staticmethod
     def _bump(conn: SqlConnection) -> None:
         SqlBoardStore._bump(conn)
         # Delivered to every listening host when this transaction commits (never before).
         conn.execute("SELECT pg_notify(?, '')", (CHANNEL,))
-
-    def _stamp(self, conn: SqlConnection, run_id: str) -> None:
-        if self.stamp is not None:
-            conn.execute(
-                "UPDATE kanban_runs SET host_id = ?, epoch = ? WHERE run_id = ?",
-                (self.stamp.host_id, self.stamp.epoch, run_id),
-            )
 
     def _fenced(self, conn: SqlConnection, run_id: str) -> bool:
         row = conn.execute(
@@ -78,32 +148,146 @@ class PgBoardStore(SqlBoardStore):
         ).fetchone()
         return int(row[0])
 
-    def rescue(self, hosts: Hosts, host_id: str, epoch: int, *, now: float) -> list[str]:
-        """Take over ``host_id`` (lease expired, epoch still ``epoch``) and close its open runs
-        as ``lost``; returns their run ids ([] when it renewed or was taken over meanwhile)."""
-        with self.db.write() as conn:
-            new_epoch = hosts.take_over(conn, host_id, epoch)
-            if new_epoch is None:
-                return []
-            return self._close_stale(
-                conn, host_id, new_epoch, now, f"host {host_id} lost its lease"
+    # -- claims ------------------------------------------------------------------------------
+
+    def claim(
+        self,
+        card_id: str,
+        *,
+        now: float,
+        claimer: Claimant,
+        limits: Limits,
+        ignore_cooldown: bool = False,
+    ) -> Claim:
+        stamp = self.stamp
+        host = None if stamp is None else stamp.host_id
+        epoch = None if stamp is None else stamp.epoch
+        with self.cluster.write(shared=True) as conn:
+            row = conn.execute(_PICK, (card_id, BUDGET_LOCK)).fetchone()
+            if row is None:
+                return Claim(verdict=ClaimVerdict.NOT_READY)
+            card = card_of(row, ())
+            facts = conn.execute(
+                _FACTS, (host, card.assignee, card_id, host, epoch, self.shift())
+            ).fetchone()
+            assert facts is not None  # a SELECT without FROM returns its one row
+            refusal = rules.claim_refusal(
+                card, paused=bool(facts["paused"]), now=now, ignore_cooldown=ignore_cooldown
             )
+            if refusal is None and stamp is not None and not facts["leased"]:
+                refusal = ClaimVerdict.NO_LEASE
+            if refusal is None:
+                host_max = limits.host_max if limits.host_max is not None else self.host_max
+                refusal = rules.budget_refusal(
+                    Limits(
+                        max_in_progress=limits.max_in_progress,
+                        assignee_max=limits.assignee_max,
+                        host_max=host_max if stamp is not None else None,
+                    ),
+                    running=int(facts["running"]),
+                    mine=int(facts["mine"]),
+                    host=int(facts["host"]),
+                )
+            if refusal is not None:
+                return Claim(verdict=refusal)
+            self.fault.reach("claim_counted")
+            run = self._insert_claim(conn, card_id, int(facts["attempts"]) + 1, now, claimer)
+        return Claim(verdict=ClaimVerdict.CLAIMED, run=run)
 
-    def rescue_stale(self, host_id: str, epoch: int, *, now: float) -> list[str]:
-        """Close this host's open runs from epochs before ``epoch`` (after a join started a new
-        epoch: the machine rebooted, so those workers are gone)."""
-        with self.db.write() as conn:
-            return self._close_stale(conn, host_id, epoch, now, f"host {host_id} restarted")
+    def _insert_claim(
+        self, conn: SqlConnection, card_id: str, attempt: int, now: float, claimer: Claimant
+    ) -> Run:
+        stamp = self.stamp
+        run_id = new_id(RUN_PREFIX)
+        fields = rules.claimed_fields(run_id, now)
+        data = json.dumps({"attempt": attempt, "claimer_pid": claimer.pid})
+        got = conn.execute(
+            _claim_sql(),
+            (
+                run_id,
+                card_id,
+                attempt,
+                now,
+                claimer.pid,
+                claimer.start,
+                claimer.boot,
+                None if stamp is None else stamp.host_id,
+                None if stamp is None else stamp.epoch,
+                *(db_value(v) for v in fields.values()),
+                now,
+                card_id,
+                run_id,
+                EventKind.CLAIMED.value,
+                now,
+                data,
+                CHANNEL,
+            ),
+        ).fetchone()
+        if got is None or got["cas"] != 1:
+            # Unreachable while we hold the card's row lock; kept as the compare-and-set guard.
+            raise RuntimeError(f"claim of {card_id} lost its compare-and-set")
+        return run_of(got)
 
-    def _close_stale(
+    # -- this host's view --------------------------------------------------------------------
+
+    def open_runs(self) -> list[Run]:
+        if self.stamp is None:
+            return super().open_runs()
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM kanban_runs WHERE outcome IS NULL AND host_id = ?"
+                " ORDER BY claimed_at",
+                (self.stamp.host_id,),
+            ).fetchall()
+        return [run_of(row) for row in rows]
+
+    def open_counts(self) -> tuple[int, int]:
+        """(open runs cluster-wide, open runs of this host): what a tick may still claim."""
+        host = None if self.stamp is None else self.stamp.host_id
+        with self.db.read() as conn:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM kanban_runs WHERE outcome IS NULL),"
+                " (SELECT count(*) FROM kanban_runs WHERE outcome IS NULL AND host_id = ?)",
+                (host,),
+            ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def foreign_runs(self, run_ids: list[str]) -> set[str]:
+        """Which of these runs are no longer this host's at its current epoch (closed, or
+        rescued by another host): a worker of one of them is foreign and must not run on."""
+        stamp = self.stamp
+        if stamp is None or not run_ids:
+            return set()
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT run_id FROM kanban_runs WHERE run_id = ANY(?) AND NOT (outcome IS NULL"
+                " AND host_id IS NOT DISTINCT FROM ? AND epoch IS NOT DISTINCT FROM ?)",
+                (run_ids, stamp.host_id, stamp.epoch),
+            ).fetchall()
+        return {row[0] for row in rows}
+
+    def run_hosts(self, card_id: str) -> dict[str, str | None]:
+        """The host of each of the card's runs (``kanban show``)."""
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT run_id, host_id FROM kanban_runs WHERE card_id = ?", (card_id,)
+            ).fetchall()
+        return {row["run_id"]: row["host_id"] for row in rows}
+
+    # -- rescue ------------------------------------------------------------------------------
+
+    def close_stale(
         self, conn: SqlConnection, host_id: str, epoch: int, now: float, why: str
     ) -> list[str]:
+        """Inside the caller's write transaction: close ``host_id``'s open runs from epochs
+        before ``epoch`` as ``lost`` (infrastructure: the card is ready again, nothing is
+        counted). Returns their run ids."""
         rows = conn.execute(
             "SELECT run_id FROM kanban_runs WHERE outcome IS NULL AND host_id = ? AND epoch < ?"
             " ORDER BY claimed_at",
             (host_id, epoch),
         ).fetchall()
-        result = RunResult(outcome=RunOutcome.LOST, infrastructure=True, error=why)
+        result = Result(outcome=Outcome.LOST, infrastructure=True, error=why)
         closed = []
         for row in rows:
             done = self._close(
@@ -117,3 +301,9 @@ class PgBoardStore(SqlBoardStore):
             if done is not None:
                 closed.append(row["run_id"])
         return closed
+
+    def rescue_stale(self, host_id: str, epoch: int, *, now: float) -> list[str]:
+        """Close this host's open runs from epochs before ``epoch`` (after a join started a new
+        epoch: the machine rebooted, so those workers are gone)."""
+        with self.db.write() as conn:
+            return self.close_stale(conn, host_id, epoch, now, f"host {host_id} restarted")

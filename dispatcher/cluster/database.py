@@ -2,24 +2,35 @@
 
 One :class:`ClusterDB` per process holds a :class:`psycopg_pool.ConnectionPool` of at most four
 connections (the issue's budget: workers never connect, a host holds its pool plus one LISTEN
-connection). Every connection has TCP keepalives and a statement timeout, so a half-open socket
-or a stuck lock surfaces as an error instead of a silent stall.
+connection). Every connection has TCP keepalives, a TCP user timeout and a statement timeout, so
+a half-open socket or a stuck lock surfaces as an error instead of a silent stall, and a pooled
+connection is checked before it is handed out, so a server restart costs no failed transaction.
 
-Writes to the board take one transaction-scoped advisory lock, the PostgreSQL counterpart of
-SQLite's single writer: a board change re-reads what it depends on and writes its answer with no
-other board change in between, which keeps every compare-and-set of the board store exactly as
-it is on SQLite (budgets included). Ledger writes rely on the unique fire key instead.
+**Locks.** Board writes keep SQLite's single-writer semantics with one transaction-scoped
+advisory lock (:data:`BOARD_LOCK`): a board change re-reads what it depends on and writes its
+answer with no other board change in between, so every compare-and-set of the board store is
+exactly as it is on SQLite. Claims are the one exception (they are most of the write traffic
+of a busy cluster): they hold that lock *shared*, so claims of different hosts run side by side
+while every other write still excludes them, pick their card with ``FOR UPDATE SKIP LOCKED``
+(two claimers never wait for, let alone take, the same card) and take :data:`BUDGET_LOCK` only
+for the few statements that count open runs and insert the new one (see
+:meth:`dispatcher.cluster.board.PgBoardStore.claim`). Ledger writes take their own lock and rely
+on the unique fire key (:mod:`dispatcher.cluster.ledger`).
 
 The URL a user sees never carries a password (:func:`redact`); a password may come from a 0600
-file (:func:`password_from_file`).
+file (:func:`password_from_file`). Every psycopg error is translated here, once, into a
+:class:`ClusterError` (exit 1: the server cannot be reached or used now) or a
+:class:`ClusterRefused` (exit 2: the URL, user or password is wrong).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import stat
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,22 +40,46 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from dispatcher.cluster import schema
 from dispatcher.cluster.url import check_url, redact
-from dispatcher.errors import DispatcherError
+from registry.errors import StateError
 from scope.foundation.errors import ConfigError
 
 BOARD_LOCK = 0x64697370_6B616E  # "disp" "kan": the board's advisory lock key
+BUDGET_LOCK = 0x64697370_627564  # "disp" "bud": claims count open runs one at a time
 SCHEMA_LOCK = 0x64697370_736368  # "disp" "sch": migrations run one at a time
 POOL_MAX = 4
 
+# The pool logs every failed reconnection attempt; the gateway names an outage once itself.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
-class ClusterError(DispatcherError):
-    """The cluster database cannot be reached or used (exit 1; a bad URL is a ConfigError)."""
+# libpq's own words for a connection the server refused for who we are (not for being down).
+_REFUSED = (
+    "password authentication failed",
+    "no password supplied",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "authentication failed",
+    "permission denied",
+)
+
+
+class ClusterError(StateError):
+    """The cluster database cannot be reached or used now (exit 1).
+
+    A :class:`~registry.errors.StateError`: the cluster database holds the board and the
+    ledger, so whatever keeps a gateway going while its state database is unusable (workers
+    keep running, nothing new is claimed, the problem is named once) applies to it too."""
 
     def __init__(self, problem: str, *, url: str, remedy: str | None = None, **fields: Any):
-        super().__init__(remedy=remedy, problem=problem, url=redact(url), **fields)
+        super().__init__(problem, path=redact(url), remedy=remedy, url=redact(url), **fields)
 
     def describe(self) -> str:
         return f"cluster database {self.fields['url']}: {self.fields['problem']}"
+
+
+class ClusterRefused(ClusterError):
+    """The server refused us: wrong URL, user, database or password (exit 2: configuration)."""
+
+    exit_code = 2
 
 
 def password_from_file(path: Path) -> str:
@@ -66,7 +101,14 @@ def password_from_file(path: Path) -> str:
 
 
 class ClusterDB:
-    """A pool of connections to the cluster database (see the module docstring)."""
+    """A pool of connections to the cluster database (see the module docstring).
+
+    ``connect_timeout`` bounds how long a caller waits for a connection (a server that is down
+    costs a caller at most that); ``io_timeout`` how long sent data may stay unacknowledged
+    before the connection counts as dead (TCP user timeout). ``pooled=False`` (one CLI
+    command) uses one direct connection, opened on first use and shared by the command's
+    threads one transaction at a time: no pool threads, and a refused connection is named at
+    once instead of after the pool's timeout."""
 
     def __init__(
         self,
@@ -75,42 +117,127 @@ class ClusterDB:
         password: str | None = None,
         statement_timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        io_timeout: float = 20.0,
         max_size: int = POOL_MAX,
         application_name: str = "dispatch",
+        pooled: bool = True,
     ) -> None:
         self.url = check_url(url)
-        options: dict[str, Any] = {
-            "autocommit": False,
-            "row_factory": named_tuple_rows,
-            "connect_timeout": max(1, int(connect_timeout)),
+        self.application_name = application_name
+        """How this process's connections show in ``pg_stat_activity``."""
+        self._password = password
+        self.options: dict[str, Any] = {
+            # libpq reads values below 2 s as 2 s.
+            "connect_timeout": max(2, round(connect_timeout)),
             "keepalives": 1,
             "keepalives_idle": 10,
             "keepalives_interval": 5,
             "keepalives_count": 3,
+            "tcp_user_timeout": int(io_timeout * 1000),
             "application_name": application_name,
+        }
+        if password is not None:
+            self.options["password"] = password
+        self._connect_timeout = connect_timeout
+        self._session = {
+            "autocommit": False,
+            "row_factory": named_tuple_rows,
             "options": f"-c statement_timeout={int(statement_timeout * 1000)}",
         }
-        self.extra_options: dict[str, Any] = {} if password is None else {"password": password}
-        options.update(self.extra_options)
-        self._connect_timeout = connect_timeout
-        self.pool: ConnectionPool[Any] = ConnectionPool(
-            url, min_size=0, max_size=max_size, kwargs=options, open=False, name="dispatch"
-        )
-        self.pool.open(wait=False)
+        self.pool: ConnectionPool[Any] | None = None
+        self._direct: psycopg.Connection[Any] | None = None
+        self._direct_lock = threading.Lock()
+        self._holder: int | None = None
+        if pooled:
+            self.pool = ConnectionPool(
+                url,
+                min_size=0,
+                max_size=max_size,
+                kwargs={**self.options, **self._session},
+                open=False,
+                name="dispatch",
+                check=ConnectionPool.check_connection,
+                timeout=connect_timeout,
+                # A failed attempt to grow the pool backs off exponentially and blocks new
+                # attempts until it gives up: give up soon, so that the first request after
+                # an outage connects at once instead of after a long backoff.
+                reconnect_timeout=max(1.0, connect_timeout),
+            )
+            self.pool.open(wait=False)
+
+    @property
+    def extra_options(self) -> dict[str, Any]:
+        """Connection options for a connection outside the pool (the LISTEN connection)."""
+        return dict(self.options)
+
+    def connect(self, **overrides: Any) -> psycopg.Connection[Any]:
+        """A connection outside the pool (errors translated as everywhere here)."""
+        try:
+            return psycopg.connect(self.url, **{**self.options, **overrides})
+        except psycopg.Error as err:
+            raise self.translate(err) from None
+
+    def check(self) -> None:
+        """Connect once, directly, so a wrong URL, user or password is named now in one line
+        (the pool would only time out) and an unreachable server within ``connect_timeout``."""
+        self.connect(autocommit=True).close()
+
+    def translate(self, err: BaseException) -> ClusterError:
+        """The one translation of a psycopg error (no password in it, ever)."""
+        text = _first_line(err)
+        if "failed: " in text:
+            text = text.rsplit("failed: ", 1)[1]
+        text = text.removeprefix("FATAL:").strip()
+        if self._password:
+            text = text.replace(self._password, "***")
+        if any(words in text for words in _REFUSED):
+            return ClusterRefused(
+                text,
+                url=self.url,
+                remedy="check the URL's user and database, and cluster.password_file",
+            )
+        if "Connection refused" in text:
+            return ClusterError(text, url=self.url, remedy="is the server running on that host?")
+        return ClusterError(text, url=self.url)
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
         try:
+            if self.pool is None:
+                with self._one_connection() as conn:
+                    yield conn
+                return
             with self.pool.connection(timeout=self._connect_timeout) as conn:
                 yield conn
         except PoolTimeout as err:
             raise ClusterError(
-                "no connection within the timeout",
+                f"no connection within {self._connect_timeout:g} s",
                 url=self.url,
                 remedy="check that the server runs and the URL, user and password are right",
             ) from err
-        except psycopg.OperationalError as err:
-            raise ClusterError(_first_line(err), url=self.url) from err
+        except psycopg.Error as err:
+            raise self.translate(err) from err
+
+    @contextlib.contextmanager
+    def _one_connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """The direct connection for one transaction (commit on success, else roll back)."""
+        if self._holder == threading.get_ident():
+            raise RuntimeError("a cluster transaction inside another one on the same thread")
+        with self._direct_lock:
+            self._holder = threading.get_ident()
+            try:
+                if self._direct is None or self._direct.closed or self._direct.broken:
+                    self._direct = psycopg.connect(self.url, **{**self.options, **self._session})
+                conn = self._direct
+                try:
+                    yield conn
+                except BaseException:
+                    if not (conn.closed or conn.broken):
+                        conn.rollback()
+                    raise
+                conn.commit()
+            finally:
+                self._holder = None
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Qmark]:
@@ -119,15 +246,31 @@ class ClusterDB:
             yield Qmark(conn)
 
     @contextlib.contextmanager
-    def write(self, lock: int | None = BOARD_LOCK) -> Iterator[Qmark]:
-        """A write transaction, holding the advisory ``lock`` (None: no lock) until it ends."""
+    def write(self, lock: int | None = BOARD_LOCK, *, shared: bool = False) -> Iterator[Qmark]:
+        """A write transaction, holding the advisory ``lock`` (None: no lock; ``shared``: in
+        shared mode, excluding only exclusive holders) until it ends."""
         with self._connection() as conn:
             if lock is not None:
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock,))
+                function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+                conn.execute(f"SELECT {function}(%s)", (lock,))
             yield Qmark(conn)
 
+    def schema_version(self) -> int:
+        """The schema version the database records (0: none yet)."""
+        with self.read() as conn:
+            row = conn.execute("SELECT to_regclass('dispatch_schema') IS NOT NULL").fetchone()
+            if row is None or not row[0]:
+                return 0
+            row = conn.execute("SELECT max(version) FROM dispatch_schema").fetchone()
+        return int(row[0] or 0) if row is not None else 0
+
     def migrate(self) -> int:
-        """Bring the schema to :data:`schema.VERSION`; refuse a newer one. Returns the version."""
+        """Bring the schema to :data:`schema.VERSION`; refuse a newer one, changing nothing.
+        Returns the version. A database already at this version is only read."""
+        current = self.schema_version()
+        self._refuse_newer(current)
+        if current == schema.VERSION:
+            return current
         with self.write(SCHEMA_LOCK) as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS dispatch_schema ("
@@ -136,13 +279,7 @@ class ClusterDB:
             )
             row = conn.execute("SELECT max(version) AS v FROM dispatch_schema").fetchone()
             current = int(row["v"] or 0) if row is not None else 0
-            if current > schema.VERSION:
-                raise ClusterError(
-                    f"its schema version {current} is newer than this dispatch understands "
-                    f"({schema.VERSION}); nothing was changed",
-                    url=self.url,
-                    remedy="upgrade dispatch on this host",
-                )
+            self._refuse_newer(current)
             for version, note, sql in schema.MIGRATIONS:
                 if version > current:
                     conn.raw.execute(sql)
@@ -152,9 +289,23 @@ class ClusterDB:
                     )
         return schema.VERSION
 
+    def _refuse_newer(self, current: int) -> None:
+        if current > schema.VERSION:
+            raise ClusterError(
+                f"its schema version {current} is newer than this dispatch understands "
+                f"({schema.VERSION}); nothing was changed",
+                url=self.url,
+                remedy="upgrade dispatch on this host",
+            )
+
     def close(self) -> None:
-        """Close every pooled connection."""
-        self.pool.close()
+        """Close every connection (pooled or direct)."""
+        if self.pool is not None:
+            self.pool.close()
+        with self._direct_lock:
+            if self._direct is not None:
+                self._direct.close()
+                self._direct = None
 
     def __enter__(self) -> ClusterDB:
         return self

@@ -23,11 +23,17 @@ without sleeping; it is always 0 in production.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
 
 from dispatcher.cluster.database import ClusterDB, ClusterError
+
+HOSTS_LOCK = 0x64697370_686F73  # "disp" "hos": joins one at a time
 
 
 def _on_db_clock(sql: str) -> str:
@@ -54,6 +60,17 @@ _RENEW = _on_db_clock(
     " RETURNING extract(epoch FROM lease_until) AS until, extract(epoch FROM heartbeat_at) AS at"
 )
 _EXPIRED = _on_db_clock("SELECT host_id, epoch FROM hosts WHERE lease_until <= {now} ORDER BY 1")
+# Expired hosts that still hold work: only those are taken over (an idle dead host's epoch is
+# left alone, so an epoch moves only when runs were actually rescued). A server that was down
+# stopped every lease from being renewed: nobody's lease counts as expired until a whole TTL
+# after the server came back.
+_NEEDING_RESCUE = _on_db_clock(
+    "SELECT h.host_id, h.epoch FROM hosts h WHERE h.lease_until <= {now} AND h.host_id != ?"
+    " AND pg_postmaster_start_time() + make_interval(secs => ?) <= {now}"
+    " AND (EXISTS (SELECT 1 FROM kanban_runs r WHERE r.outcome IS NULL AND r.host_id = h.host_id)"
+    " OR EXISTS (SELECT 1 FROM cron_fires f WHERE f.status != 'done' AND f.status != 'queued'"
+    " AND f.host_id = h.host_id)) ORDER BY 1"
+)
 _TAKE_OVER = _on_db_clock(
     "UPDATE hosts SET epoch = epoch + 1 WHERE host_id = ? AND epoch = ?"
     " AND lease_until <= {now} RETURNING epoch"
@@ -63,6 +80,26 @@ _ROWS = _on_db_clock(
     " extract(epoch FROM lease_until) AS until, lease_until > {now} AS live"
     " FROM hosts ORDER BY host_id"
 )
+
+
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+
+
+def host_boot_id(state_dir: Path, boot_id_file: Path = BOOT_ID_FILE) -> str:
+    """This host's identity within one boot: the kernel's boot id and the state dir.
+
+    The same serve restarting keeps it (and so its epoch and its workers); a reboot changes it,
+    and so does a second state dir on one machine, which is a second host and must not pass
+    for the first one's restart."""
+    try:
+        kernel = boot_id_file.read_text().strip()
+    except OSError:
+        kernel = ""
+    if not kernel:
+        # Without the kernel's id, the boot time is as stable within one boot.
+        kernel = f"btime-{int(psutil.boot_time())}"
+    digest = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:8]
+    return f"{kernel}/{digest}"
 
 
 class Superseded(ClusterError):
@@ -115,7 +152,8 @@ class Hosts:
 
     def join(self, host_id: str, *, boot_id: str, version: str) -> Lease:
         """Take this host's row (see the rules above); DuplicateHost when another holds it."""
-        with self.db.write(None) as conn:
+        # One join at a time: two machines joining one new id at once must not both win.
+        with self.db.write(HOSTS_LOCK) as conn:
             row = conn.execute(
                 _SELECT_FOR_JOIN,
                 (self.shift(), host_id),
@@ -167,6 +205,14 @@ class Hosts:
             ).fetchall()
         return [(str(r["host_id"]), int(r["epoch"])) for r in rows]
 
+    def needing_rescue(self, me: str) -> list[tuple[str, int]]:
+        """(host id, epoch) of every other host whose lease ran out while it still had open
+        runs or started cron fires."""
+        with self.db.read() as conn:
+            shift = self.shift()
+            rows = conn.execute(_NEEDING_RESCUE, (shift, me, self.lease_ttl, shift)).fetchall()
+        return [(str(r["host_id"]), int(r["epoch"])) for r in rows]
+
     def take_over(self, conn: object, host_id: str, epoch: int) -> int | None:
         """Inside the caller's transaction: bump an expired host's epoch if it is still
         ``epoch`` and still expired. Returns the new epoch, or None (renewed or taken)."""
@@ -175,6 +221,10 @@ class Hosts:
             (host_id, epoch, self.shift()),
         ).fetchone()
         return None if row is None else int(row["epoch"])
+
+    def row(self, host_id: str) -> HostRow | None:
+        """One host's row (None: it never joined)."""
+        return next((row for row in self.rows() if row.host_id == host_id), None)
 
     def rows(self) -> list[HostRow]:
         """Every host, for ``dispatch hosts``."""

@@ -5,6 +5,8 @@ flags, cron fires and job state, pause state included) into an **empty** cluster
 PostgreSQL transaction: on any error nothing is written, and a database that already holds a
 board or a ledger is refused untouched. Ids, event sequence numbers and fire ids are kept, so
 history reads the same afterwards. Host state (sessions, logs, exit records) stays where it is.
+Work in flight does not move: while a run is open or a fire started, the copy is refused (those
+workers report to this host's SQLite board; in the cluster they would belong to no lease).
 """
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import psycopg
-
 from dispatcher.cluster.database import BOARD_LOCK, ClusterDB, ClusterError, Qmark
 from dispatcher.cluster.ledger import LEDGER_LOCK
+from dispatcher.errors import DispatcherError
 from registry.state import StateDB
 
 # (table, ORDER BY, identity column kept with OVERRIDING SYSTEM VALUE)
@@ -39,8 +40,27 @@ class Migrated:
     board_version: int
 
 
+class InFlight(DispatcherError):
+    """The single host still has open runs or started fires: their workers belong to it."""
+
+    def __init__(self, runs: int, fires: int) -> None:
+        super().__init__(
+            remedy="pause the board (dispatch kanban pause), let the workers finish "
+            "(dispatch ps), stop dispatch serve, then migrate",
+            runs=runs,
+            fires=fires,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.fields['runs']} kanban runs and {self.fields['fires']} cron fires are still "
+            "open on this host; nothing was copied"
+        )
+
+
 def migrate(source: StateDB, target: ClusterDB) -> Migrated:
     """Copy ``source``'s cluster state into ``target`` (see the module docstring)."""
+    _refuse_in_flight(source)
     target.migrate()
     counts: dict[str, int] = {}
     try:
@@ -52,14 +72,29 @@ def migrate(source: StateDB, target: ClusterDB) -> Migrated:
             meta = {r[0]: int(r[1]) for r in src.execute("SELECT key, value FROM kanban_meta")}
             for key, value in meta.items():
                 dst.execute("UPDATE kanban_meta SET value = ? WHERE key = ?", (value, key))
-    except psycopg.Error as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ClusterError(f"copy failed, nothing was written: {first}", url=target.url) from err
+    except ClusterError as err:
+        if "nothing was" in err.fields["problem"]:
+            raise
+        raise ClusterError(
+            f"copy failed, nothing was written: {err.fields['problem']}", url=target.url
+        ) from err
     return Migrated(
         counts=counts,
         paused=bool(meta.get("paused", 0)),
         board_version=meta.get("board_version", 0),
     )
+
+
+def _refuse_in_flight(source: StateDB) -> None:
+    # Open runs and started fires have workers on this host, whose ends this host records; in
+    # the cluster they would belong to no lease. Finished history moves; work in flight not.
+    with source.read() as src:
+        runs = src.execute("SELECT count(*) FROM kanban_runs WHERE outcome IS NULL").fetchone()
+        fires = src.execute(
+            "SELECT count(*) FROM cron_fires WHERE status IN ('claimed', 'spawning', 'running')"
+        ).fetchone()
+    if runs[0] or fires[0]:
+        raise InFlight(int(runs[0]), int(fires[0]))
 
 
 def _refuse_non_empty(dst: Qmark, target: ClusterDB) -> None:

@@ -64,6 +64,7 @@ CREATE TABLE kanban_runs (
     infrastructure integer NOT NULL DEFAULT 0,
     claimer_pid integer,
     claimer_start bigint,
+    claimer_boot text,
     host_id text,
     epoch bigint
 );
@@ -147,8 +148,15 @@ CREATE TABLE hosts (
 );
 """
 
+HOST_INDEXES = """
+CREATE INDEX kanban_runs_host_open ON kanban_runs (host_id) WHERE outcome IS NULL;
+CREATE INDEX cron_fires_host_open ON cron_fires (host_id) WHERE status != 'done';
+"""
+"""A host's open runs and fires: its budget, its reconcile and its rescue read only those."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
+    (2, "open runs and fires by host", HOST_INDEXES),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

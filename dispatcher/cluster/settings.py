@@ -13,6 +13,10 @@ from scope.foundation.errors import ConfigError, Invalid
 from scope.foundation.schema import Duration, Optional, Str, setting
 
 ENV_URL = "DISPATCH_DATABASE_URL"
+SKEW_WARN = 1.0
+"""Seconds of clock skew against the database at which a host warns."""
+SKEW_REFUSE = 60.0
+"""Seconds of clock skew at which a host fires no cron (kanban still runs)."""
 HOST_ID = r"[a-z0-9][a-z0-9._-]*"
 
 

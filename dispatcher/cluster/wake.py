@@ -19,14 +19,13 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import psycopg
 
 from dispatcher.cluster.database import ClusterDB, ClusterError, redact
 
 CHANNEL = "dispatch_board"
-log = logging.getLogger(__name__)
+log = logging.getLogger("dispatch.cluster")
 
 
 class Listener:
@@ -39,7 +38,8 @@ class Listener:
         *,
         ping_every: float = 10.0,
         ping_timeout: float = 5.0,
-        retry: float = 1.0,
+        retry: float = 0.5,
+        max_retry: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.db = db
@@ -47,6 +47,7 @@ class Listener:
         self.ping_every = ping_every
         self.ping_timeout = ping_timeout
         self.retry = retry
+        self.max_retry = max_retry
         self.clock = clock
         self.connects = 0
         """How many times the listener (re)connected (1 after a clean start)."""
@@ -66,24 +67,38 @@ class Listener:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        delay = self.retry
+        failing = False
         while not self._stop.is_set():
+            before = self.connects
             try:
                 self._listen_once()
             except (psycopg.Error, OSError, ClusterError) as err:
-                self.connected.clear()
-                log.warning(
-                    "cluster wake: lost the LISTEN connection to %s (%s); reconnecting",
-                    redact(self.db.url),
-                    str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__,
-                )
-            self._stop.wait(self.retry)
+                if self.connects > before:
+                    delay, failing = self.retry, False  # it was listening: a new outage
+                if not failing:
+                    # Once per outage (the gateway names the outage itself); reconnects are
+                    # tried with backoff until the server answers again.
+                    log.warning(
+                        "cluster wake: no LISTEN connection to %s (%s); retrying with backoff,"
+                        " the board is polled meanwhile",
+                        redact(self.db.url),
+                        _first_line(err),
+                    )
+                failing = True
+            self._stop.wait(delay)
+            delay = min(delay * 2, self.max_retry)
 
     def _listen_once(self) -> None:
-        conn = psycopg.connect(self.db.url, autocommit=True, **self._options())
+        # "dispatch-listen HOST" next to the pool's "dispatch HOST" in pg_stat_activity.
+        name = "dispatch-listen" + self.db.application_name.removeprefix("dispatch")
+        conn = self.db.connect(autocommit=True, application_name=name)
         try:
             conn.execute(f"LISTEN {CHANNEL}")
             self.connects += 1
             self.connected.set()
+            if self.connects > 1:
+                log.info("cluster wake: listening again on %s", redact(self.db.url))
             # Something may have changed while we were not listening.
             self.on_wake()
             self._pinged_at = None
@@ -114,13 +129,7 @@ class Listener:
         with self.db.read() as conn:
             conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, self._token))
 
-    def _options(self) -> dict[str, Any]:
-        return {
-            "connect_timeout": 10,
-            "keepalives": 1,
-            "keepalives_idle": 10,
-            "keepalives_interval": 5,
-            "keepalives_count": 3,
-            "application_name": "dispatch-listen",
-            **self.db.extra_options,
-        }
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dispatcher.cron.changes import FireChange
     from dispatcher.cron.ledger import FireRecord, JobState, Status
 
 
@@ -61,8 +62,8 @@ class LedgerTx(abc.ABC):
         """Insert a row; None (nothing changed) when its fire key is already in the ledger."""
 
     @abc.abstractmethod
-    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
-        """Compare-and-set: change the row only if its status is one of ``expect``."""
+    def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
+        """Compare-and-set: apply ``change`` only if the row's status is one of ``expect``."""
 
 
 class LedgerStore(abc.ABC):
@@ -94,7 +95,7 @@ class LedgerStore(abc.ABC):
         """The row with this fire key, if any."""
 
     @abc.abstractmethod
-    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
+    def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set on the status, in its own transaction."""
 
     @abc.abstractmethod

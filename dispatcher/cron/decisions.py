@@ -20,11 +20,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.cron.ledger import ACTIVE, FireRecord, Kind, Outcome, Status, Tx
+from dispatcher.cron.changes import FireChange
+from dispatcher.cron.ledger import ACTIVE, FireRecord, Kind, Status, Tx
 from dispatcher.cron.plan import JobPlan, job_active
 from dispatcher.cron.policy import Judged, OverlapAction, Verdict, judge, overlap_action
 from dispatcher.cron.settings import CronJob, CronSettings
 from dispatcher.cron.timeline import Occurrence, format_wall, key_of
+from dispatcher.launch.outcome import Outcome
 
 log = logging.getLogger("dispatch.cron")
 
@@ -195,7 +197,10 @@ class Decider:
             old.pending.update(done, claimant=None)
             return True
         assert old.id is not None
-        if not tx.update(old.id, (old.status,), **done):
+        change = FireChange(
+            status=Status.DONE, outcome=Outcome.REPLACED, ended_at=now, error=f"replaced by {key}"
+        )
+        if not tx.update(old.id, (old.status,), change):
             return False
         if old.status is Status.RUNNING and old.session_id:
             batch.kill.append((old.session_id, f"replaced by cron fire {key}"))

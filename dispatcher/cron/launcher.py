@@ -1,112 +1,53 @@
-"""Starting a decided fire through the registry and settling its ledger row.
+"""Starting a decided fire and settling its ledger row: cron's policy over the launch core.
 
-:class:`FireRunner` is shared by the scheduler and by ``dispatch cron run``: it turns a claimed
-row into a session (placement by the scope layer, caller kind ``cron``), records the outcome once
-the session ends, runs the job's ``on_failure`` command after a failure, and settles rows left
-behind by a process that died between deciding and spawning. Every state change of a row is a
-compare-and-set on its status, so two processes settling the same fire cannot both win (and only
-the winner runs ``on_failure``).
+:class:`FireRunner` is shared by the scheduler and by ``dispatch cron run``. It hands a claimed
+row to :class:`~dispatcher.launch.core.LaunchCore` with the ledger's side of the launch
+(:class:`_FireBooks`: record the session on the row, settle the row), runs the job's
+``on_failure`` command after a failure, and settles rows a dead process left behind between
+deciding and spawning (never re-run: ``failed_start``, or attached to the session the dead
+process did start). Every state change of a row is a compare-and-set on its status, so two
+processes settling the same fire cannot both win (and only the winner runs ``on_failure``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispatcher.cron.ledger import (
-    FAILURE_OUTCOMES,
-    FireRecord,
-    Ledger,
-    Outcome,
-    Status,
-)
+from dispatcher.cron.changes import FireChange
+from dispatcher.cron.ledger import FAILURE_OUTCOMES, FireRecord, Ledger, Status
 from dispatcher.cron.settings import CronJob
-from dispatcher.envfile import read_env_file
-from dispatcher.errors import EnvFileError
-from registry.abc import Owner, Registry, Session, SessionState, SpawnRequest
-from registry.state import space_problem
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.core import LaunchCore, Orphan, Recorded
+from dispatcher.launch.failure import WorkerSetupError
+from dispatcher.launch.outcome import Outcome, Result, outcome_of
+from dispatcher.launch.setup import Workplace
+from registry.abc import Owner, OwnerKind, Registry, Session, SpawnRequest
 from scope.abc import CallerKind
-from scope.errors import ManagerLost, ScopeUnavailable
-from scope.foundation.errors import DispatchError, NotFoundError
-from scope.foundation.procstat import start_time
+from scope.foundation.errors import DispatchError
+
+__all__ = ["ON_FAILURE_SUFFIX", "FireRunner", "Settled", "build_request"]
 
 log = logging.getLogger("dispatch.cron")
 
-OWNER_KIND = "cron"
 ON_FAILURE_SUFFIX = ":on_failure"
 
 
-def claimant_token() -> str:
-    """Identity of this process for claimed rows: pid, kernel start time and a random part."""
-    pid = os.getpid()
-    return f"{pid}:{start_time(pid) or 0}:{secrets.token_hex(4)}"
-
-
-def claimant_alive(token: str | None) -> bool:
-    """Whether the process that wrote ``token`` still runs (same pid *and* start time)."""
-    if not token:
-        return False
-    try:
-        pid_text, start_text, _ = token.split(":", 2)
-        pid, started = int(pid_text), int(start_text)
-    except ValueError:
-        return False
-    return start_time(pid) == started
-
-
-def outcome_of(session: Session) -> tuple[Outcome, str | None]:
-    """The fire outcome for a finished session, and an error text for anything but success."""
-    reason = session.completion_reason
-    if session.state is SessionState.EXITED:
-        if session.exit_code == 0 and session.signal is None:
-            return Outcome.COMPLETED, None
-        return Outcome.FAILED, reason or _exit_text(session)
-    if session.state is SessionState.TIMED_OUT:
-        return Outcome.TIMED_OUT, reason or f"timed out after {session.timeout:g} s"
-    if session.state is SessionState.LOST:
-        return Outcome.LOST, reason or "the keeper vanished without an exit record"
-    if session.state is SessionState.FAILED_START:
-        return Outcome.FAILED_START, reason or "the worker could not be started"
-    return Outcome.FAILED, reason or f"killed ({session.signal or 'no signal'})"
-
-
-def _exit_text(session: Session) -> str:
-    if session.signal:
-        return f"killed by {session.signal}"
-    return f"exited with code {session.exit_code}"
-
-
-def job_environment(
-    job: CronJob, environ: Mapping[str, str], extra: Mapping[str, str]
-) -> dict[str, str]:
-    """The worker's environment: the scheduler's, then ``env_file``, then ``env``, then
-    ``extra`` (the DISPATCH_* variables). Raises :class:`EnvFileError`."""
-    env = dict(environ)
-    if job.env_file:
-        env.update(read_env_file(job.env_file))
-    env.update(job.env)
-    env.update(extra)
-    return env
-
-
-def build_request(
-    job: CronJob,
-    fire_key: str,
-    *,
-    environ: Mapping[str, str],
-    state_dir: Path,
-) -> SpawnRequest:
-    """The spawn request of one fire (raises :class:`EnvFileError` for a bad env_file)."""
-    env = job_environment(job, environ, {"DISPATCH_JOB_ID": job.id, "DISPATCH_FIRE_KEY": fire_key})
+def build_request(job: CronJob, fire_key: str, workplace: Workplace) -> SpawnRequest:
+    """The spawn request of one fire (raises :class:`WorkerSetupError` for a bad cwd or
+    env_file)."""
+    env = workplace.environment(
+        env_file=job.env_file,
+        env=job.env,
+        extra={"DISPATCH_JOB_ID": job.id, "DISPATCH_FIRE_KEY": fire_key},
+    )
     return SpawnRequest(
         argv=job.command,
-        cwd=os.path.expanduser(job.cwd) if job.cwd else str(state_dir),
+        cwd=workplace.cwd(job.cwd, key=f"cron.jobs[{job.id}].cwd"),
         env=env,
-        owner=Owner(kind=OWNER_KIND, id=fire_key),
+        owner=Owner(kind=OwnerKind.CRON, id=fire_key),
         caller=CallerKind.CRON,
         pty=job.pty,
         shell=job.shell,
@@ -124,8 +65,41 @@ class Settled:
     on_failure_session: str | None = None
 
 
+class _FireBooks:
+    """The ledger's side of one fire's launch (see :class:`~dispatcher.launch.core.Books`)."""
+
+    def __init__(self, runner: FireRunner, row: FireRecord, job: CronJob, now: float) -> None:
+        self.runner = runner
+        self.row = row
+        self.job = job
+        self.now = now
+
+    def record(self, session: Session) -> Recorded:
+        change = FireChange(
+            status=Status.RUNNING,
+            session_id=session.id,
+            placement=session.placement.value,
+            started_at=session.started_at if session.started_at is not None else self.now,
+            log_path=session.log_path,
+        )
+        if self.runner.ledger.update(self.row.id, (Status.SPAWNING,), change):
+            return Recorded.RECORDED
+        # Replaced, or settled by someone else, while we were spawning.
+        current = self.runner.ledger.get(self.row.id)
+        return Recorded.ALREADY if current.session_id == session.id else Recorded.CLOSED
+
+    def settle(self, result: Result, session: Session | None) -> Settled | None:
+        expect = (Status.SPAWNING,) if session is None else (Status.RUNNING, Status.SPAWNING)
+        return self.runner.finalize(
+            self.row.id, result, session=session, expect=expect, job=self.job
+        )
+
+
 class FireRunner:
-    """Spawns claimed fires and settles their rows (see the module docstring)."""
+    """Spawns claimed fires and settles their rows (see the module docstring).
+
+    ``claimant`` is the :meth:`~dispatcher.launch.claimant.Claimant.token` this runner writes
+    on the rows it takes."""
 
     def __init__(
         self,
@@ -136,13 +110,16 @@ class FireRunner:
         state_dir: Path,
         claimant: str,
         clock: Callable[[], float],
+        config_path: Path | None = None,
     ) -> None:
         self.ledger = ledger
         self.registry = registry
-        self.environ = dict(environ)
-        self.state_dir = Path(state_dir)
+        self.workplace = Workplace(
+            state_dir=Path(state_dir), config_path=config_path, environ=dict(environ)
+        )
         self.claimant = claimant
         self.clock = clock
+        self.core = LaunchCore(registry, state_dir=Path(state_dir), log=log)
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -156,114 +133,37 @@ class FireRunner:
     def take(self, row: FireRecord, now: float) -> bool:
         """Move a claimed row to ``spawning`` (compare-and-set); False when it is no longer
         claimed (replaced, or settled by someone else)."""
-        return self.ledger.update(
-            row.id, (Status.CLAIMED,), status=Status.SPAWNING, actual=now, claimant=self.claimant
-        )
+        change = FireChange(status=Status.SPAWNING, actual=now, claimant=self.claimant)
+        return self.ledger.update(row.id, (Status.CLAIMED,), change)
 
     def launch(self, row: FireRecord, job: CronJob | None, now: float) -> FireRecord:
         """Spawn the worker of a row this runner took; records the session or the failure."""
         if job is None:
-            self.finalize(
-                row.id,
-                Outcome.FAILED_START,
-                error="the job is no longer in the config",
-                expect=(Status.SPAWNING,),
-                job=None,
+            result = Result(
+                outcome=Outcome.FAILED_START, error="the job is no longer in the config"
             )
+            self.finalize(row.id, result, expect=(Status.SPAWNING,), job=None)
             return self.ledger.get(row.id)
-        try:
-            request = build_request(
-                job, row.fire_key, environ=self.environ, state_dir=self.state_dir
-            )
-        except EnvFileError as err:
-            self.finalize(
-                row.id, Outcome.FAILED_START, error=err.message, expect=(Status.SPAWNING,), job=job
-            )
-            return self.ledger.get(row.id)
-        full = space_problem(self.state_dir)
-        if full is not None:  # infrastructure, like a refused scope: never counted, next fire runs
-            self.finalize(
-                row.id,
-                Outcome.SPAWN_REFUSED,
-                error=full,
-                infrastructure=True,
-                expect=(Status.SPAWNING,),
-                job=job,
-            )
-            return self.ledger.get(row.id)
-        session = self._spawn(row, job, request)
-        if session is None:
-            return self.ledger.get(row.id)
-        recorded = self.ledger.update(
-            row.id,
-            (Status.SPAWNING,),
-            status=Status.RUNNING,
-            session_id=session.id,
-            placement=session.placement.value,
-            started_at=session.started_at if session.started_at is not None else now,
-            log_path=session.log_path,
+        self.core.launch(
+            _FireBooks(self, row, job, now),
+            lambda: build_request(job, row.fire_key, self.workplace),
+            label=f"cron fire {row.fire_key}",
         )
-        if not recorded:
-            # Replaced (or settled by someone else) while we were spawning: the new worker
-            # must not outlive the decision.
-            self._kill(session.id, f"fire {row.fire_key} was replaced while starting")
-            return self.ledger.get(row.id)
-        log.info("cron fire %s: started %s (%s)", row.fire_key, session.id, session.placement.value)
-        fresh = self._fresh(session)
-        if fresh.finished:
-            self.settle(fresh, job=job)
         return self.ledger.get(row.id)
-
-    def _spawn(self, row: FireRecord, job: CronJob, request: SpawnRequest) -> Session | None:
-        for attempt in (1, 2):
-            try:
-                return self.registry.spawn(request)
-            except ManagerLost as err:
-                # The scope layer has already flipped its verdict, so one retry in the same
-                # slot goes through the new placement (degraded, or refused by policy).
-                if attempt == 1:
-                    log.warning("cron fire %s: %s; retrying once", row.fire_key, err.message)
-                    continue
-                self.finalize(
-                    row.id,
-                    Outcome.SPAWN_REFUSED,
-                    error=f"{err.message} (after one retry)",
-                    infrastructure=True,
-                    expect=(Status.SPAWNING,),
-                    job=job,
-                )
-            except ScopeUnavailable as err:
-                self.finalize(
-                    row.id,
-                    Outcome.SPAWN_REFUSED,
-                    error=err.message,
-                    infrastructure=True,
-                    expect=(Status.SPAWNING,),
-                    job=job,
-                )
-            except (DispatchError, OSError) as err:
-                message = err.message if isinstance(err, DispatchError) else str(err)
-                self.finalize(
-                    row.id, Outcome.FAILED_START, error=message, expect=(Status.SPAWNING,), job=job
-                )
-            return None
-        return None  # pragma: no cover - the loop always returns
 
     # -- settling ----------------------------------------------------------------------------
 
     def settle(self, session: Session, *, job: CronJob | None) -> Settled | None:
         """Record the outcome of a finished cron session (a no-op when its row is already
         settled, or when the session is not a fire's worker)."""
-        if session.owner.kind != OWNER_KIND or not session.finished:
+        if session.owner.kind is not OwnerKind.CRON or not session.finished:
             return None
         row = self.ledger.by_key(session.owner.id)
         if row is None or row.session_id not in (None, session.id):
             return None
-        outcome, error = outcome_of(session)
         return self.finalize(
             row.id,
-            outcome,
-            error=error,
+            outcome_of(session),
             session=session,
             expect=(Status.RUNNING, Status.SPAWNING),
             job=job,
@@ -272,43 +172,22 @@ class FireRunner:
     def finalize(
         self,
         row_id: int,
-        outcome: Outcome,
+        result: Result,
         *,
-        error: str | None = None,
         session: Session | None = None,
-        infrastructure: bool = False,
         expect: tuple[Status, ...] = (Status.RUNNING,),
         job: CronJob | None,
     ) -> Settled | None:
-        """Move a row to ``done`` with ``outcome`` (compare-and-set); run ``on_failure`` when
+        """Move a row to ``done`` with ``result`` (compare-and-set); run ``on_failure`` when
         this call settled a failure. Returns None when someone else settled it first."""
-        now = self.clock()
-        values: dict[str, object] = {
-            "status": Status.DONE,
-            "outcome": outcome,
-            "error": error,
-            "infrastructure": infrastructure,
-        }
-        if session is not None:
-            values.update(
-                session_id=session.id,
-                placement=session.placement.value,
-                exit_code=session.exit_code,
-                signal=session.signal,
-                started_at=session.started_at,
-                ended_at=session.finished_at if session.finished_at is not None else now,
-                log_path=session.log_path,
-            )
-        else:
-            values["ended_at"] = now
-        if not self.ledger.update(row_id, expect, **values):
+        if not self.ledger.update(row_id, expect, _final_change(result, session, self.clock())):
             return None
         record = self.ledger.get(row_id)
         hook = None
-        if outcome in FAILURE_OUTCOMES and job is not None and job.on_failure:
+        if result.outcome in FAILURE_OUTCOMES and job is not None and job.on_failure:
             hook = self._on_failure(record, job)
             if hook is not None:
-                self.ledger.update(row_id, (Status.DONE,), on_failure_session=hook)
+                self.ledger.update(row_id, (Status.DONE,), FireChange(on_failure_session=hook))
                 record = self.ledger.get(row_id)
         return Settled(record=record, on_failure_session=hook)
 
@@ -326,15 +205,17 @@ class FireRunner:
             "DISPATCH_INFRASTRUCTURE": "1" if record.infrastructure else "0",
         }
         try:
-            env = job_environment(job, self.environ, details)
-        except EnvFileError:
-            # The failure may be the env_file itself; the hook still runs without it.
-            env = {**self.environ, **job.env, **details}
+            env = self.workplace.environment(env_file=job.env_file, env=job.env, extra=details)
+            cwd = self.workplace.cwd(job.cwd, key=f"cron.jobs[{job.id}].cwd")
+        except WorkerSetupError:
+            # The failure may be the env_file or the cwd itself; the hook still runs without.
+            env = self.workplace.environment(env_file=None, env=job.env, extra=details)
+            cwd = str(self.workplace.state_dir.absolute())
         request = SpawnRequest(
             argv=job.on_failure,
-            cwd=os.path.expanduser(job.cwd) if job.cwd else str(self.state_dir),
+            cwd=cwd,
             env=env,
-            owner=Owner(kind=OWNER_KIND, id=record.fire_key + ON_FAILURE_SUFFIX),
+            owner=Owner(kind=OwnerKind.CRON, id=record.fire_key + ON_FAILURE_SUFFIX),
             # Placed like `dispatch run` (degrades instead of refusing): the hook must still be
             # able to report a fire that failed closed for want of a scope.
             caller=CallerKind.CLI,
@@ -365,8 +246,6 @@ class FireRunner:
             if row.status is Status.RUNNING and row.session_id:
                 result = self._reconcile_running(row, job)
             elif row.status in (Status.CLAIMED, Status.SPAWNING):
-                if claimant_alive(row.claimant):
-                    continue
                 result = self._reconcile_orphan(row, job)
             else:
                 continue
@@ -376,65 +255,67 @@ class FireRunner:
 
     def _reconcile_running(self, row: FireRecord, job: CronJob | None) -> Settled | None:
         assert row.session_id is not None
-        try:
-            session = self.registry.get(row.session_id)
-        except NotFoundError:
-            if row.claimant != self.claimant and claimant_alive(row.claimant):
+        found = self.core.session(row.session_id)
+        if isinstance(found, Result):
+            claimant = Claimant.parse(row.claimant)
+            if row.claimant != self.claimant and claimant is not None and claimant.alive():
                 return None  # another live process owns a session this registry cannot see
-            return self.finalize(
-                row.id,
-                Outcome.LOST,
-                error=f"session {row.session_id} is no longer known to the registry",
-                job=job,
-            )
-        if not session.finished:
+            return self.finalize(row.id, found, job=job)
+        if not found.finished:
             return None
-        return self.settle(session, job=job)
+        return self.settle(found, job=job)
 
     def _reconcile_orphan(self, row: FireRecord, job: CronJob | None) -> Settled | None:
-        who = (row.claimant or "?").split(":", 1)[0]
-        if row.status is Status.SPAWNING:
-            session = self._find_session(row.fire_key)
-            if session is not None:
-                attached = self.ledger.update(
-                    row.id,
-                    (Status.SPAWNING,),
-                    status=Status.RUNNING,
-                    session_id=session.id,
-                    placement=session.placement.value,
-                    started_at=session.started_at,
-                    log_path=session.log_path,
-                )
-                if attached and session.finished:
-                    return self.settle(session, job=job)
-                return None
-        if row.status is Status.SPAWNING:
-            what = "while starting it, and no session of it exists"
-        else:
-            what = "before starting it"
-        return self.finalize(
-            row.id,
-            Outcome.FAILED_START,
-            error=f"the process that decided this fire (pid {who}) exited {what}; not re-run",
-            expect=(row.status,),
-            job=job,
+        claimant = Claimant.parse(row.claimant)
+        owner = Owner(kind=OwnerKind.CRON, id=row.fire_key)
+        verdict, session = self.core.orphan(owner, claimant)
+        if verdict is Orphan.WAIT:
+            return None
+        if verdict is Orphan.ATTACH and session is not None:
+            change = FireChange(
+                status=Status.RUNNING,
+                session_id=session.id,
+                placement=session.placement.value,
+                started_at=session.started_at,
+                log_path=session.log_path,
+            )
+            attached = self.ledger.update(row.id, (Status.SPAWNING,), change)
+            if attached and session.finished:
+                return self.settle(session, job=job)
+            return None
+        who = str(claimant) if claimant is not None else "unknown"
+        what = (
+            "while starting it, and no session of it exists"
+            if row.status is Status.SPAWNING
+            else "before starting it"
         )
+        result = Result(
+            outcome=Outcome.FAILED_START,
+            error=f"the process that decided this fire ({who}) exited {what}; not re-run",
+        )
+        return self.finalize(row.id, result, expect=(row.status,), job=job)
 
-    def _find_session(self, fire_key: str) -> Session | None:
-        wanted = Owner(kind=OWNER_KIND, id=fire_key)
-        for session in self.registry.list_sessions(include_finished=True):
-            if session.owner == wanted:
-                return session
-        return None
 
-    def _fresh(self, session: Session) -> Session:
-        try:
-            return self.registry.get(session.id)
-        except NotFoundError:
-            return session
-
-    def _kill(self, session_id: str, reason: str) -> None:
-        try:
-            self.registry.kill(session_id, reason=reason)
-        except (DispatchError, OSError) as err:
-            log.warning("cron: could not stop session %s: %s", session_id, err)
+def _final_change(result: Result, session: Session | None, now: float) -> FireChange:
+    """The columns of a row reaching ``done`` with ``result``."""
+    if session is None:
+        return FireChange(
+            status=Status.DONE,
+            outcome=result.outcome,
+            error=result.error,
+            infrastructure=result.infrastructure,
+            ended_at=now,
+        )
+    return FireChange(
+        status=Status.DONE,
+        outcome=result.outcome,
+        error=result.error,
+        infrastructure=result.infrastructure,
+        session_id=session.id,
+        placement=session.placement.value,
+        exit_code=session.exit_code,
+        signal=session.signal,
+        started_at=session.started_at,
+        ended_at=session.finished_at if session.finished_at is not None else now,
+        log_path=session.log_path,
+    )

@@ -25,10 +25,14 @@ import operator
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron.abc import LedgerStore, LedgerTx
+from dispatcher.launch.outcome import Outcome
 from registry.state import Component, Migration
+
+if TYPE_CHECKING:
+    from dispatcher.cron.changes import FireChange
 
 _SCHEMA_V1 = """
 CREATE TABLE cron_fires (
@@ -88,24 +92,16 @@ class Status(enum.StrEnum):
     DONE = "done"
 
 
-class Outcome(enum.StrEnum):
-    """Final outcome of a fire (the shared vocabulary)."""
-
-    COMPLETED = "completed"
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
-    LOST = "lost"
-    FAILED_START = "failed_start"
-    SPAWN_REFUSED = "spawn_refused"
-    SKIPPED_OVERLAP = "skipped_overlap"
-    MISSED = "missed"
-    COALESCED = "coalesced"
-    QUEUED = "queued"
-    REPLACED = "replaced"
-
-
 FAILURE_OUTCOMES = frozenset(
-    {Outcome.FAILED, Outcome.TIMED_OUT, Outcome.LOST, Outcome.FAILED_START, Outcome.SPAWN_REFUSED}
+    {
+        Outcome.FAILED,
+        Outcome.TIMED_OUT,
+        Outcome.LOST,
+        Outcome.FAILED_START,
+        Outcome.SPAWN_REFUSED,
+        Outcome.TEMPFAIL,
+        Outcome.CONFIG_ERROR,
+    }
 )
 """Outcomes after which a job's ``on_failure`` command runs."""
 
@@ -292,9 +288,9 @@ class Tx(LedgerTx):
             return None
         return cursor.lastrowid
 
-    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
+    def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set: update the row only if its status is one of ``expect``."""
-        return _update(self.conn, row_id, expect, values)
+        return _update(self.conn, row_id, expect, change.columns())
 
 
 class Ledger(LedgerStore):
@@ -366,10 +362,10 @@ class Ledger(LedgerStore):
             ).fetchone()
         return FireRecord.from_row(row) if row else None
 
-    def update(self, row_id: int, expect: Sequence[Status], **values: Any) -> bool:
+    def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set on the status (see :meth:`Tx.update`), in its own transaction."""
         with self.db.write() as conn:
-            return _update(conn, row_id, expect, values)
+            return _update(conn, row_id, expect, change.columns())
 
     def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
         """Rows that are not done (optionally only these statuses), oldest first."""

@@ -63,8 +63,10 @@ def job_entry(
         "paused": bool(state is not None and state.paused),
         "active": job_active(job, state),
         "next_fire": iso_in(next_fire, plan.zone),
+        "next_fire_at": next_fire,
         "last_outcome": last.shown_outcome if last else None,
         "last_fire": iso_in(last.nominal, last.zone) if last else None,
+        "last_fire_at": last.nominal if last else None,
         **policies(plan),
         "command": job.command if isinstance(job.command, str) else list(job.command),
         "warnings": warnings,
@@ -92,4 +94,24 @@ def row_entry(row: FireRecord) -> dict[str, Any]:
         "catch_up": row.catch_up,
         "jitter": row.jitter,
         "on_failure_session": row.on_failure_session,
+    }
+
+
+def known_job_entry(job_id: str, state: JobState | None, last: FireRecord | None) -> dict[str, Any]:
+    """A ``cron list`` element for a job the ledger knows but the (unreadable) config does not
+    describe: its pause state and last fire, nothing that needs the job's definition."""
+    zone = last.zone if last else None
+    return {
+        "id": job_id,
+        "schedule": None,
+        "timezone": zone,
+        "enabled": None,
+        "paused": bool(state is not None and state.paused),
+        "active": not bool(state is not None and state.paused),
+        "next_fire": None,
+        "next_fire_at": None,
+        "last_outcome": last.shown_outcome if last else None,
+        "last_fire": iso_in(last.nominal, last.zone) if last else None,
+        "last_fire_at": last.nominal if last else None,
+        "warnings": ["the config could not be read: schedule and policies unknown"],
     }

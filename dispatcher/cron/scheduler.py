@@ -31,15 +31,18 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
+from dispatcher.cron.changes import FireChange
 from dispatcher.cron.decisions import Decider
 from dispatcher.cron.errors import CronError
-from dispatcher.cron.launcher import FireRunner, claimant_token
-from dispatcher.cron.ledger import ACTIVE, FireRecord, Kind, Ledger, Outcome, Status
+from dispatcher.cron.launcher import FireRunner
+from dispatcher.cron.ledger import ACTIVE, FireRecord, Kind, Ledger, Status
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
 from dispatcher.cron.settings import CronJob, CronSettings
 from dispatcher.cron.timeline import fire_key, format_wall, local_wall
 from dispatcher.cron.zones import ZoneResolver, resolver_for
-from registry.abc import Registry, Session
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
+from registry.abc import OwnerKind, Registry, Session
 from registry.state import StateDB
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import DispatchError, NotFoundError
@@ -97,12 +100,15 @@ class CronScheduler:
         clock: Clock | None = None,
         environ: Mapping[str, str] | None = None,
         state_dir: Path | str | None = None,
+        config_path: Path | None = None,
         zone_resolver: ZoneResolver | None = None,
         rng: random.Random | None = None,
         wake_interval: float = 30.0,
+        ledger: Ledger | None = None,
     ) -> None:
         self.registry = registry
-        self.ledger = Ledger(db)
+        # Cluster state may live elsewhere than the host's database (dispatcher.app.clusterstate).
+        self.ledger = ledger if ledger is not None else Ledger(db)
         self.clock: Clock = clock or SystemClock()
         # The workers' base environment (and where TZ is read from): the caller's, else ours.
         self.environ = dict(os.environ if environ is None else environ)
@@ -110,7 +116,7 @@ class CronScheduler:
         # Jitter needs spread, not secrecy.
         self.rng = rng or random.Random(secrets.randbits(64))  # noqa: S311
         self.wake_interval = wake_interval
-        self.claimant = claimant_token()
+        self.claimant = Claimant.current(instance=True).token()
         self.runner = FireRunner(
             self.ledger,
             registry,
@@ -118,6 +124,7 @@ class CronScheduler:
             state_dir=Path(state_dir) if state_dir is not None else db.path.parent,
             claimant=self.claimant,
             clock=self.clock.time,
+            config_path=config_path,
         )
         self._lock = threading.RLock()
         self._finished: queue.SimpleQueue[Session] = queue.SimpleQueue()
@@ -278,9 +285,9 @@ class CronScheduler:
                 tx.update(
                     row.id,
                     (Status.QUEUED,),
-                    status=Status.CLAIMED,
-                    claimant=self.claimant,
-                    due_at=now + row.jitter,
+                    FireChange(
+                        status=Status.CLAIMED, claimant=self.claimant, due_at=now + row.jitter
+                    ),
                 )
 
     def _stop_replaced(self, kills: list[tuple[str, str]]) -> list[str]:
@@ -337,13 +344,11 @@ class CronScheduler:
             self.runner.launch(row, job, now)
         except Exception:
             log.exception("cron: starting fire %s failed", row.fire_key)
-            self.runner.finalize(
-                row.id,
-                Outcome.FAILED_START,
+            failed = Result(
+                outcome=Outcome.FAILED_START,
                 error="internal error while starting the worker (see the log)",
-                expect=(Status.SPAWNING,),
-                job=job,
             )
+            self.runner.finalize(row.id, failed, expect=(Status.SPAWNING,), job=job)
 
     # -- manual runs -------------------------------------------------------------------------
 
@@ -436,12 +441,12 @@ class CronScheduler:
                 if row.claimant != self.claimant:
                     continue
                 plan = self._plans.get(row.job_id)
-                self.runner.finalize(
-                    row.id,
-                    Outcome.FAILED_START,
+                stopped = Result(
+                    outcome=Outcome.FAILED_START,
                     error="the scheduler stopped before starting this fire; not re-run",
-                    expect=(Status.CLAIMED,),
-                    job=plan.job if plan else None,
+                )
+                self.runner.finalize(
+                    row.id, stopped, expect=(Status.CLAIMED,), job=plan.job if plan else None
                 )
 
     close = stop
@@ -449,7 +454,7 @@ class CronScheduler:
     def _on_finish(self, session: Session) -> None:
         # Called from a registry thread: never take the tick lock here (a tick may be waiting
         # on that very thread), just hand the session over and ask for a wake.
-        if session.owner.kind != "cron":
+        if session.owner.kind is not OwnerKind.CRON:
             return
         self._finished.put(session)
         self._want_wake(self.clock.time())

@@ -30,6 +30,7 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from dispatcher.cron.scheduler import CronScheduler
+from registry.errors import StateError
 
 __all__ = ["CronWaker"]
 
@@ -152,6 +153,11 @@ class CronWaker:
         while True:
             try:
                 at = self.scheduler.step(self.clock.time())
+            except StateError as err:
+                # The ledger cannot be used now (a damaged or unreachable database): one line,
+                # not a traceback; the gateway names the problem itself.
+                log.error("cron: %s; retrying in %g s", err, self.scheduler.wake_interval)
+                at = self.clock.time() + self.scheduler.wake_interval
             except Exception:
                 log.exception("cron: tick failed; retrying in %g s", self.scheduler.wake_interval)
                 at = self.clock.time() + self.scheduler.wake_interval

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Mapping
 
 log = logging.getLogger("dispatch.gateway")
@@ -69,8 +70,10 @@ class Notifier:
         return self.send(STOPPING=1)
 
     def reloading(self) -> bool:
-        """RELOADING=1 while the config is reloaded (READY=1 follows)."""
-        return self.send(RELOADING=1)
+        """RELOADING=1 while the config is reloaded (READY=1 follows). ``MONOTONIC_USEC`` is
+        what ``Type=notify-reload`` (systemd 253+) requires with it; 252 ignores it."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return self.send(RELOADING=1, MONOTONIC_USEC=usec)
 
     def close(self) -> None:
         """Close the socket."""

@@ -13,13 +13,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from dispatcher.app.clusterstate import open_cluster_state
 from dispatcher.app.runtime import Runtime
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import job_active, plan_job
 from dispatcher.cron.zones import host_zone_name
 from dispatcher.gateway.lock import read_holder
+from dispatcher.gateway.reload import read_reload
 from dispatcher.gateway.statusfile import read_status
-from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.kanban.store import SqlDatabase
 from scope.abc import CallerKind
 from scope.errors import ScopeUnavailable
 from scope.foundation.errors import DispatchError
@@ -42,21 +44,24 @@ def status_document(
         serve.update(pid=holder.pid, started_at=holder.started_at, uptime=now - holder.started_at)
         if served is not None:
             serve["updated_at"] = served.updated_at
+        reload = read_reload(state_dir, holder.pid)
+        serve["last_reload"] = reload.to_dict() if reload is not None else None
     placement = dict(served.placement) if served else _placement_here(runtime)
 
     sessions = runtime.registry.list_sessions()
     workers = collections.Counter(s.owner.kind for s in sessions)
-    store = SqliteBoardStore(runtime.db)
-    cards = {status.value: count for status, count in store.status_counts().items()}
-    return {
-        "serve": serve,
-        "placement": placement,
-        "workers": {"running": len(sessions), "by_kind": dict(sorted(workers.items()))},
-        "cards": cards,
-        "kanban_paused": store.paused(),
-        "next_cron_fires": _next_fires(runtime, environ, now, fires),
-        "recent_errors": _recent_errors(runtime, served.recent_errors if served else []),
-    }
+    with open_cluster_state(runtime.settings, state_dir, environ, local=runtime.db) as state:
+        store = state.board
+        cards = {status.value: count for status, count in store.status_counts().items()}
+        return {
+            "serve": serve,
+            "placement": placement,
+            "workers": {"running": len(sessions), "by_kind": dict(sorted(workers.items()))},
+            "cards": cards,
+            "kanban_paused": store.paused(),
+            "next_cron_fires": _next_fires(runtime, state.ledger, environ, now, fires),
+            "recent_errors": _recent_errors(store.db, served.recent_errors if served else []),
+        }
 
 
 def _placement_here(runtime: Runtime) -> dict[str, str]:
@@ -80,13 +85,13 @@ def _placement_here(runtime: Runtime) -> dict[str, str]:
 
 
 def _next_fires(
-    runtime: Runtime, environ: Mapping[str, str], now: float, count: int
+    runtime: Runtime, ledger: Ledger, environ: Mapping[str, str], now: float, count: int
 ) -> list[dict[str, Any]]:
     jobs = runtime.settings.cron.jobs
     if not jobs:
         return []
     host = host_zone_name(environ)
-    states = Ledger(runtime.db).job_states()
+    states = ledger.job_states()
     found: list[dict[str, Any]] = []
     for job in jobs:
         plan = plan_job(job, host)
@@ -98,10 +103,10 @@ def _next_fires(
     return found[:count]
 
 
-def _recent_errors(runtime: Runtime, served: list[dict[str, Any]], limit: int = 10) -> list[Any]:
+def _recent_errors(db: SqlDatabase, served: list[dict[str, Any]], limit: int = 10) -> list[Any]:
     errors: list[dict[str, Any]] = [dict(item) for item in served]
     marks = ",".join("?" * len(FAILED_OUTCOMES))
-    with runtime.db.read() as conn:
+    with db.read() as conn:
         runs = conn.execute(
             f"SELECT card_id, run_id, outcome, error, ended_at FROM kanban_runs"  # noqa: S608
             f" WHERE outcome IN ({marks}) ORDER BY ended_at DESC LIMIT ?",

@@ -33,18 +33,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dispatcher.app.clusterstate import ClusterState
 from dispatcher.app.runtime import Runtime, open_runtime
 from dispatcher.app.wake import WakeSocket
 from dispatcher.config import load_config
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.waker import CronWaker
+from dispatcher.cron.zones import host_zone_name
 from dispatcher.gateway.lock import ServeLock
+from dispatcher.gateway.member import Alone, open_gateway_state
 from dispatcher.gateway.notify import Notifier
+from dispatcher.gateway.recent import RecentErrors
+from dispatcher.gateway.reload import ReloadRecord, write_reload
 from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.dispatcher import KanbanDispatcher
-from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.settings import Settings
-from registry.abc import Session
+from registry.abc import OwnerKind, Session, SessionState
 from registry.errors import StateError
 from scope.abc import CallerKind, Placement
 from scope.errors import ScopeUnavailable
@@ -62,25 +67,7 @@ BOARD_POLL = 0.25
 """Seconds between board-version checks (pokes usually wake the gateway sooner)."""
 STATUS_INTERVAL = 5.0
 """Seconds between refreshes of the status file and the STATUS= line."""
-
-
-class _RecentErrors(logging.Handler):
-    """Keeps the last warnings and errors for ``dispatch status``."""
-
-    def __init__(self, clock: Clock, size: int = 20) -> None:
-        super().__init__(level=logging.WARNING)
-        self.clock = clock
-        self.items: collections.deque[dict[str, Any]] = collections.deque(maxlen=size)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.items.append(
-            {
-                "at": self.clock.time(),
-                "level": record.levelname.lower(),
-                "source": record.name.removeprefix("dispatch."),
-                "message": record.getMessage(),
-            }
-        )
+REJECTED = "reload rejected, keeping the old config:"
 
 
 class Gateway:
@@ -101,7 +88,7 @@ class Gateway:
         self.config_path = config_path
         self.clock: Clock = clock or SystemClock()
         self.notifier = Notifier(self.environ)
-        self.errors = _RecentErrors(self.clock)
+        self.errors = RecentErrors(self.clock)
         self._finished: queue.SimpleQueue[Session] = queue.SimpleQueue()
         self._stop = False
         self._reload = False
@@ -111,12 +98,16 @@ class Gateway:
         self._cron: CronScheduler | None = None
         self._cron_waker: CronWaker | None = None
         self._kanban: KanbanDispatcher | None = None
-        self._store: SqliteBoardStore | None = None
+        self._store: SqlBoardStore | None = None
+        self._cluster: ClusterState | None = None
+        self._member = Alone(self.clock, BOARD_POLL)
+        """This host in the cluster (dispatcher.gateway.member), or alone on SQLite."""
         self._board_version = -1
         self._ticks = 0
         self._next_safety = self._next_status = self._next_poll = 0.0
         self._next_watchdog: float | None = None
         self._state_problem: str | None = None
+        self._reloads = 0
 
     # -- signals and wake-ups ----------------------------------------------------------------
 
@@ -163,7 +154,7 @@ class Gateway:
             took,
             session.completion_reason or "",
         )
-        if session.owner.kind == "kanban":
+        if session.owner.kind is OwnerKind.KANBAN:
             self._finished.put(session)
             self._nudge()
 
@@ -237,23 +228,36 @@ class Gateway:
             protect_gateway=True,
             clock=self.clock,
         )
+        try:
+            # Cluster mode joins here (a duplicate host id ends the start, nothing written).
+            self._cluster, self._member = open_gateway_state(
+                self.settings, self.state_dir, self.environ, runtime, self._nudge, BOARD_POLL
+            )
+        except BaseException:
+            runtime.close()
+            raise
         self._runtime = runtime
-        self._store = SqliteBoardStore(runtime.db)
+        assert self._cluster is not None
+        self._store = self._cluster.board
         self._kanban = self._make_kanban(self.settings)
         runtime.registry.add_finish_listener(self._on_finish)
         self._cron = CronScheduler(
             self.settings.cron,
             runtime.registry,
             runtime.db,
-            clock=self.clock,
+            clock=self._member.db_clock,
             environ=self.environ,
             state_dir=self.state_dir,
+            config_path=self.config_path,
+            ledger=self._cluster.ledger,
         )
         self._cron_waker = CronWaker(self._cron)
         self._adopt_at_start(runtime)
+        self._member.start(self._cron)
         runtime.registry.prune()
         self._tick_kanban("start")
-        self._cron_waker.start()
+        if not self._member.cron_refused():
+            self._cron_waker.start()
         self._schedule_from(self.clock.monotonic())
         self.notifier.ready(self._refresh_status())
         log.info(
@@ -265,7 +269,7 @@ class Gateway:
 
     def _adopt_at_start(self, runtime: Runtime) -> None:
         adopted = runtime.registry.adopt()
-        lost = [s for s in adopted if s.state.value == "lost"]
+        lost = [s for s in adopted if s.state is SessionState.LOST]
         running = [s for s in adopted if not s.finished]
         log.info(
             "adopted %d running workers, %d finished while nobody watched, %d lost",
@@ -299,7 +303,7 @@ class Gateway:
         watchdog = self.notifier.watchdog_interval
         self._next_safety = now + self.settings.serve.safety_tick
         self._next_status = now + STATUS_INTERVAL
-        self._next_poll = now + BOARD_POLL
+        self._next_poll = now + self._member.board_poll
         self._next_watchdog = now + watchdog if watchdog else None
 
     def next_deadline(self) -> float:
@@ -321,10 +325,11 @@ class Gateway:
             self._reload = False
             self._do_reload()
             poked = True
+        poked = self._member.events(self._cron, self._cron_waker) or poked
         finished = self._settle_finished()
         due = now >= self._next_safety
         if now >= self._next_poll:
-            self._next_poll = now + BOARD_POLL
+            self._next_poll = now + self._member.board_poll
             poked = self._board_moved() or poked
         if due:
             self._adopt_strays()
@@ -373,6 +378,8 @@ class Gateway:
     def _settle_finished(self) -> int:
         count = 0
         assert self._kanban is not None
+        if self._member.down():
+            return 0  # they stay queued, and are settled when the database answers again
         while True:
             try:
                 session = self._finished.get_nowait()
@@ -386,6 +393,8 @@ class Gateway:
 
     def _board_moved(self) -> bool:
         assert self._store is not None
+        if self._member.down():
+            return False
         try:
             version = self._store.board_version()
         except StateError as err:
@@ -404,8 +413,11 @@ class Gateway:
 
     def _tick_kanban(self, why: str) -> None:
         assert self._kanban is not None
+        if self._member.down():
+            return
         try:
-            report = self._kanban.tick(self.clock.time())
+            room = self._member.claim_room(self.settings.kanban, self.clock.monotonic())
+            report = self._kanban.tick(self.clock.time(), max_claims=room)
         except StateError as err:
             self._state_trouble(err)
             return
@@ -422,14 +434,16 @@ class Gateway:
 
     def _do_reload(self) -> None:
         self.notifier.reloading()
+        started = self.clock.time()
         try:
             loaded = load_config(self.config_path)
         except DispatchError as err:
-            log.error("reload rejected, keeping the old config: %s", err)
+            log.error("%s %s", REJECTED, err)
+            self._record_reload(started, error=err.message)
             self.notifier.ready(self._refresh_status())
             return
         new = loaded.settings
-        for section in ("scope", "registry", "serve"):
+        for section in ("scope", "registry", "serve", "cluster"):
             if getattr(new, section) != getattr(self.settings, section):
                 log.warning("reload: changes to %s: take effect after a restart", section)
         new = replace(
@@ -437,13 +451,35 @@ class Gateway:
             scope=self.settings.scope,
             registry=self.settings.registry,
             serve=self.settings.serve,
+            cluster=self.settings.cluster,
         )
         self.settings = new
         assert self._cron is not None
         self._cron.reload(new.cron)
         self._kanban = self._make_kanban(new)
         log.info("reloaded %s", loaded.source)
+        self._record_reload(started, error=None)
         self.notifier.ready(self._refresh_status())
+
+    def _record_reload(self, started: float, *, error: str | None) -> None:
+        """Write the reload's verdict for ``dispatch reload`` (ExecReload=) and ``status``; a
+        reload that worked retires the "reload rejected" entries of the recent errors."""
+        self._reloads += 1
+        if error is None:
+            self.errors.forget(REJECTED)
+        record = ReloadRecord(
+            pid=os.getpid(),
+            generation=self._reloads,
+            started_at=started,
+            finished_at=self.clock.time(),
+            ok=error is None,
+            source=str(self.config_path) if self.config_path else "built-in defaults",
+            error=error,
+        )
+        try:
+            write_reload(self.state_dir, record)
+        except OSError as err:
+            log.error("cannot write the reload verdict: %s", err)
 
     def shutdown(self) -> None:
         """Stop cron, close finished runs, warn about degraded workers, write the final status
@@ -457,6 +493,7 @@ class Gateway:
                 log.error("stopping cron: %s", err)
             except Exception:
                 log.exception("stopping cron failed")
+        self._member.stop()
         runtime = self._runtime
         if runtime is None:
             return
@@ -484,6 +521,8 @@ class Gateway:
         except Exception:
             log.exception("final bookkeeping failed")
         finally:
+            if self._cluster is not None:
+                self._cluster.close()  # the cluster database's pool (nothing for a single host)
             runtime.close()
             self._runtime = None
 
@@ -506,7 +545,8 @@ class Gateway:
         assert self._runtime is not None and self._store is not None
         running = self._runtime.registry.list_sessions()
         by_kind: dict[str, int] = collections.Counter(s.owner.kind for s in running)
-        cards = {status.value: n for status, n in self._store.status_counts().items()}
+        counts = {} if self._member.down() else self._store.status_counts()
+        cards = {status.value: n for status, n in counts.items()}
         return {"workers": dict(by_kind), "cards": cards}
 
     def _refresh_status(self, *, stopping: bool = False) -> str:
@@ -533,17 +573,20 @@ class Gateway:
                     workers=counts["workers"],
                     kanban_ticks=self._ticks,
                     recent_errors=list(self.errors.items),
+                    host_zone=host_zone_name(self.environ),
                 ),
             )
         except OSError as err:
             log.error("cannot write the status file: %s", err)
         workers = sum(counts["workers"].values())
         cards = counts["cards"]
-        return (
+        line = (
             f"{workers} workers; cards ready {cards.get('ready', 0)}, running "
             f"{cards.get('running', 0)}, blocked {cards.get('blocked', 0)}; placement cron "
             f"{placement['cron']}, kanban {placement['kanban']}"
         )
+        note = self._member.note()
+        return line if note is None else f"{note}; {line}"
 
 
 def _raise_fd_limit() -> None:

@@ -30,26 +30,42 @@ class ServeStatus:
     """Running workers by owner kind."""
     kanban_ticks: int = 0
     recent_errors: list[dict[str, Any]] = field(default_factory=list)
+    host_zone: str | None = None
+    """The zone cron jobs without ``timezone`` follow in this gateway (its ``TZ`` or the
+    system's), so ``cron list`` shows the zone the scheduler uses, not the CLI's."""
 
 
 def write_status(state_dir: Path, status: ServeStatus) -> None:
     """Replace the status file atomically."""
-    data = json.dumps(asdict(status), indent=1).encode()
-    fd, temp = tempfile.mkstemp(prefix=".serve-", suffix=".json", dir=state_dir)
+    write_json(Path(state_dir) / STATUS_NAME, asdict(status))
+
+
+def read_status(state_dir: Path) -> ServeStatus | None:
+    """The last status written, or None when there is none or it is unreadable."""
+    raw = read_json(Path(state_dir) / STATUS_NAME)
+    try:
+        return ServeStatus(**raw) if isinstance(raw, dict) else None
+    except TypeError:
+        return None
+
+
+def write_json(path: Path, document: Any) -> None:
+    """Replace ``path`` with ``document`` as JSON, atomically, mode 0600."""
+    data = json.dumps(document, indent=1).encode()
+    fd, temp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".json", dir=path.parent)
     try:
         # mkstemp made the file 0600; the rename makes the update atomic for readers.
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        os.replace(temp, Path(state_dir) / STATUS_NAME)
+        os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
 
 
-def read_status(state_dir: Path) -> ServeStatus | None:
-    """The last status written, or None when there is none or it is unreadable."""
+def read_json(path: Path) -> Any:
+    """The JSON document in ``path``, or None when it is missing or unreadable."""
     try:
-        raw = json.loads((Path(state_dir) / STATUS_NAME).read_text())
-        return ServeStatus(**raw)
-    except (OSError, ValueError, TypeError):
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
         return None

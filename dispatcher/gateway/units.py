@@ -14,6 +14,7 @@ import errno
 import os
 import pwd
 import shlex
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,56 @@ def inspect_unit(
     checks: dict[str, dict[str, Any]] = {}
     remedies: list[str] = []
 
+    _kill_mode_check(unit, role, kill_mode, degrade_without_scope, checks, remedies)
+
+    if role == "serve":
+        ok = unit_type == "notify"
+        checks["type"] = {
+            "ok": ok,
+            "value": unit_type,
+            "detail": "READY=1 is sent after adoption"
+            if ok
+            else "systemd will not wait for adoption before calling the gateway started",
+        }
+        if not ok:
+            remedies.append(f"{unit.path.name}: set Type=notify")
+
+    _exec_checks(unit, service, user, checks, remedies)
+    lingering = _lingers(user)
+    checks["linger"] = {
+        "ok": lingering,
+        "value": user,
+        "detail": f"{user}'s systemd manager runs without a login session"
+        if lingering
+        else f"{user}'s systemd manager (and the scopes it holds) stops at logout",
+    }
+    if not lingering:
+        # Same wording as the scope layer's remedy, so doctor lists it once.
+        remedies.append(
+            f"run 'loginctl enable-linger {user}' so the user manager runs without a login"
+        )
+
+    _runtime_dir_check(unit, env, user, checks, remedies)
+    return {
+        "name": unit.path.name,
+        "path": str(unit.path),
+        "manager": unit.manager,
+        "role": role,
+        "ok": all(check["ok"] for check in checks.values()),
+        "checks": checks,
+        "remedies": remedies,
+    }
+
+
+def _kill_mode_check(
+    unit: UnitFile,
+    role: str,
+    kill_mode: str,
+    degrade_without_scope: bool,
+    checks: dict[str, dict[str, Any]],
+    remedies: list[str],
+) -> None:
+    """A tick that starts degraded workers must not kill them with its cgroup."""
     if role == "kanban-tick" and degrade_without_scope and kill_mode == "control-group":
         checks["kill_mode"] = {
             "ok": False,
@@ -167,32 +218,15 @@ def inspect_unit(
         )
         checks["kill_mode"] = {"ok": True, "value": kill_mode, "detail": detail}
 
-    if role == "serve":
-        ok = unit_type == "notify"
-        checks["type"] = {
-            "ok": ok,
-            "value": unit_type,
-            "detail": "READY=1 is sent after adoption"
-            if ok
-            else "systemd will not wait for adoption before calling the gateway started",
-        }
-        if not ok:
-            remedies.append(f"{unit.path.name}: set Type=notify")
 
-    lingering = _lingers(user)
-    checks["linger"] = {
-        "ok": lingering,
-        "value": user,
-        "detail": f"{user}'s systemd manager runs without a login session"
-        if lingering
-        else f"{user}'s systemd manager (and the scopes it holds) stops at logout",
-    }
-    if not lingering:
-        # Same wording as the scope layer's remedy, so doctor lists it once.
-        remedies.append(
-            f"run 'loginctl enable-linger {user}' so the user manager runs without a login"
-        )
-
+def _runtime_dir_check(
+    unit: UnitFile,
+    env: dict[str, str],
+    user: str,
+    checks: dict[str, dict[str, Any]],
+    remedies: list[str],
+) -> None:
+    """A system service names the user manager's runtime dir; a user unit gets it."""
     runtime = env.get("XDG_RUNTIME_DIR")
     if unit.manager == "user":
         checks["runtime_dir"] = {
@@ -220,15 +254,79 @@ def inspect_unit(
                 f"{unit.path.name}: add Environment=XDG_RUNTIME_DIR={fallback} and "
                 f"Environment=DBUS_SESSION_BUS_ADDRESS=unix:path={fallback}/bus"
             )
-    return {
-        "name": unit.path.name,
-        "path": str(unit.path),
-        "manager": unit.manager,
-        "role": role,
-        "ok": all(check["ok"] for check in checks.values()),
-        "checks": checks,
-        "remedies": remedies,
+
+
+def _exec_checks(
+    unit: UnitFile,
+    service: dict[str, list[str]],
+    user: str,
+    checks: dict[str, dict[str, Any]],
+    remedies: list[str],
+) -> None:
+    """ExecStart='s program exists; a gateway's ExecReload= reports the reload's verdict."""
+    words = _command_words((service.get("ExecStart") or [""])[-1])
+    program = _expand(words[0], user) if words else ""
+    found = _executable(program)
+    checks["exec_start"] = {
+        "ok": found is not None,
+        "value": program or None,
+        "detail": f"runs {found}" if found else f"{program or 'no program'}: no such executable",
     }
+    if found is None:
+        remedies.append(
+            f"{unit.path.name}: ExecStart= names {program or 'nothing'}, which does not exist; "
+            "point it at your dispatch (the quick start installs ~/.local/bin/dispatch)"
+        )
+    if _role(" ".join(words)) != "serve":
+        return
+    reload = " ".join(service.get("ExecReload", []))
+    waits = "reload" in _command_words(reload)
+    checks["exec_reload"] = {
+        "ok": waits,
+        "value": reload or None,
+        "detail": "systemctl reload waits for the verdict and fails for a rejected config"
+        if waits
+        else "systemctl reload reports success even when the gateway rejects the config",
+    }
+    if not waits:
+        remedies.append(
+            f"{unit.path.name}: set ExecReload=<your dispatch> reload --pid $MAINPID so a "
+            "rejected config makes the reload fail"
+        )
+
+
+def _command_words(value: str) -> list[str]:
+    """A command line's words without systemd's prefixes (``-``, ``@``, ``:``, ``+``, ``!``)."""
+    try:
+        words = shlex.split(value)
+    except ValueError:
+        words = value.split()
+    if words:
+        words[0] = words[0].lstrip("-@:+!")
+    return words
+
+
+def _expand(program: str, user: str) -> str:
+    """``%h``/``%u``/``%U`` (the specifiers a unit's ExecStart= usually has)."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return program
+    return (
+        program.replace("%h", entry.pw_dir)
+        .replace("%u", entry.pw_name)
+        .replace("%U", str(entry.pw_uid))
+        .replace("%%", "%")
+    )
+
+
+def _executable(program: str) -> str | None:
+    if not program:
+        return None
+    if "/" in program:
+        return program if os.access(program, os.X_OK) and Path(program).is_file() else None
+    # systemd looks a bare name up in its own fixed search path.
+    return shutil.which(program, path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin")
 
 
 def units_report(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
@@ -24,16 +24,16 @@ from dispatcher.kanban.model import (
     EventKind,
     NewCard,
     Run,
-    RunOutcome,
-    RunResult,
     move_fields,
 )
+from dispatcher.kanban.rules import FRESH_START
 from dispatcher.kanban.settings import KanbanSettings
-from dispatcher.kanban.taxonomy import result_from_session
-from dispatcher.kanban.worker import remove_body
-from registry.abc import Registry, SessionState
 from scope.foundation.errors import NotFoundError
 from scope.foundation.text import strip_blanks, unsafe_char
+
+if TYPE_CHECKING:
+    from dispatcher.launch.outcome import Result
+    from registry.abc import Registry
 
 # What a card's text may be (docs/kanban.md, "Card text"): titles and idempotency keys are
 # printable text on one line; a body, a result and a block reason may also hold tabs and line
@@ -161,6 +161,34 @@ class Board:
         """``blocked`` → ``ready`` with the counts reset."""
         return self.store.unblock(self.store.resolve_card(card_text).id, now=now)
 
+    RETRYABLE = (CardStatus.DONE, CardStatus.BLOCKED, CardStatus.REVIEW)
+    """Statuses a card may be retried from (it has no open run there)."""
+
+    def retry(self, card_text: str, *, reason: str | None = None, now: float) -> Card:
+        """A new run of a finished card: ``done``, ``blocked`` (its failures ended it, or a
+        worker blocked it) or ``review`` → ``ready``, counts reset, the reason in its event.
+        The next tick claims it like any ready card (its next run is a new attempt)."""
+        note = check_text("--reason", strip_blanks(reason or ""), MAX_NOTE, lines=True)
+        card = self.store.resolve_card(card_text)
+        if card.status not in self.RETRYABLE or card.current_run_id is not None:
+            raise WrongStatus(
+                card.id,
+                card.status.value,
+                "retry",
+                remedy="retry a done, blocked or review card; a ready or running one runs "
+                "anyway ('dispatch kanban move' overrides a status)",
+            )
+        fields: dict[str, Any] = {"status": CardStatus.READY, **FRESH_START, "completed_at": None}
+        data = {
+            "from": card.status.value,
+            "to": CardStatus.READY.value,
+            "by": "operator",
+            "action": "retry",
+            "reason": note or "operator retry",
+        }
+        self.store.append_event(card.id, EventKind.MOVED, data, now=now, fields=fields)
+        return self.store.get_card(card.id)
+
     def move(self, card_text: str, status: str, *, now: float) -> Card:
         """Operator override; a live worker is stopped first."""
         try:
@@ -228,16 +256,21 @@ class Board:
             status = change(current).fields["status"]
             return self.store.move(card.id, CardStatus(status), now=now)
         if self._state_dir is not None:
+            from dispatcher.kanban.worker import remove_body
+
             remove_body(self._state_dir, run.run_id)
         return done[1]
 
-    def _stop(self, run: Run, reason: str) -> RunResult:
+    def _stop(self, run: Run, reason: str) -> Result:
         """Kill the run's worker (if any) and say how the run ended."""
+        # Imported here: only stopping a live worker needs the launch core and the registry's
+        # vocabulary, and every `kanban add` pays for what this module imports.
+        from dispatcher.launch.outcome import Outcome, Result, outcome_of
+        from registry.abc import SessionState
+
         if run.session_id is None:
             # Not spawned yet: closing the run makes its spawner stop what it starts.
-            return RunResult(
-                outcome=RunOutcome.RECLAIMED, error=f"{reason} before its worker started"
-            )
+            return Result(outcome=Outcome.RECLAIMED, error=f"{reason} before its worker started")
         if self._registry is None:
             raise WrongStatus(
                 run.card_id, "running", "stop the worker of", remedy="no registry available"
@@ -247,8 +280,8 @@ class Board:
                 run.session_id, state=SessionState.KILLED, reason=reason
             )
         except NotFoundError:
-            return RunResult(
-                outcome=RunOutcome.LOST,
+            return Result(
+                outcome=Outcome.LOST,
                 error=f"session {run.session_id} is no longer known to the registry",
                 session_id=run.session_id,
             )
@@ -260,7 +293,7 @@ class Board:
                 "stop the worker of",
                 remedy=f"session {session.id} survived the kill; try 'dispatch kill {session.id}'",
             )
-        return result_from_session(session)
+        return outcome_of(session)
 
     # -- worker (fenced) ---------------------------------------------------------------------
 

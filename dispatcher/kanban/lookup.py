@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from dispatcher.kanban.store import CARD_PREFIX, RUN_PREFIX, SqliteBoardStore
-from registry.state import StateDB
+from dispatcher.kanban.abc import BoardStore
+from dispatcher.kanban.store import CARD_PREFIX, RUN_PREFIX
 from scope.foundation.errors import NotFoundError
 from scope.foundation.text import strip_blanks
 
 
-def resolve_session_id(db: StateDB, text: str) -> str | None:
+def resolve_session_id(store: BoardStore, text: str) -> str | None:
     """The session behind a card id (its latest run that has one) or a run id.
 
     Returns None when ``text`` is not written as a card (``c_``) or run (``r_``) id, so the
     caller can treat it as a session id. Raises NotFoundError / AmbiguousId (exit 2) for an
     unknown or ambiguous card or run, or one that never started a worker."""
     given = strip_blanks(text)
-    store = SqliteBoardStore(db)
     if given.startswith(CARD_PREFIX):
         card = store.resolve_card(given)
         for run in reversed(store.runs_of(card.id)):

@@ -21,16 +21,16 @@ from dispatcher.kanban.model import (
     Card,
     CardEdit,
     CardStatus,
-    Claimer,
     Event,
     EventKind,
     Limits,
     NewCard,
     Run,
-    RunResult,
     move_fields,
 )
 from dispatcher.kanban.rows import CARD_FIELDS, CARD_PREFIX, RUN_PREFIX, new_id
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Result
 from registry.errors import AmbiguousId
 from scope.foundation.errors import NotFoundError
 
@@ -260,7 +260,7 @@ class MemoryBoardStore(BoardStore):
         card_id: str,
         *,
         now: float,
-        claimer: Claimer,
+        claimer: Claimant,
         limits: Limits,
         ignore_cooldown: bool = False,
     ) -> Claim:
@@ -280,8 +280,7 @@ class MemoryBoardStore(BoardStore):
                 card_id=card_id,
                 attempt=attempt,
                 claimed_at=now,
-                claimer_pid=claimer.pid,
-                claimer_start=claimer.start,
+                claimant=claimer,
             )
             self._runs[run.run_id] = run
             self._update(card_id, rules.claimed_fields(run.run_id, now), now)
@@ -312,7 +311,7 @@ class MemoryBoardStore(BoardStore):
             return True
 
     def close_run(
-        self, run_id: str, result: RunResult, decide: Decide, *, now: float
+        self, run_id: str, result: Result, decide: Decide, *, now: float
     ) -> tuple[Run, Card] | None:
         with self._lock:
             run = self._run(run_id)

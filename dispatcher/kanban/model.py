@@ -1,4 +1,4 @@
-"""The board's vocabulary and records: statuses, run outcomes, event kinds, cards, runs, events.
+"""The board's vocabulary and records: statuses, event kinds, cards, runs, events.
 
 Pure data: no I/O, no clock. Records are frozen; the store hands out fresh ones after every
 change. The string values are the shared vocabulary (ARCHITECTURE.md): JSON output, the state
@@ -11,6 +11,9 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome
 
 
 class CardStatus(enum.StrEnum):
@@ -44,21 +47,6 @@ class BlockKind(enum.StrEnum):
     """Until an operator unblocks it."""
     TRANSIENT = "transient"
     """Back to ``ready`` after ``kanban.transient_block``."""
-
-
-class RunOutcome(enum.StrEnum):
-    """How one attempt ended (shared with the cron ledger's vocabulary)."""
-
-    COMPLETED = "completed"
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
-    LOST = "lost"
-    FAILED_START = "failed_start"
-    SPAWN_REFUSED = "spawn_refused"
-    TEMPFAIL = "tempfail"
-    CONFIG_ERROR = "config_error"
-    RECLAIMED = "reclaimed"
-    REPLACED = "replaced"
 
 
 class EventKind(enum.StrEnum):
@@ -139,7 +127,7 @@ class Run:
     card_id: str
     attempt: int
     claimed_at: float
-    outcome: RunOutcome | None = None
+    outcome: Outcome | None = None
     """None while the run is open (claimed, spawning or running)."""
     exit_code: int | None = None
     signal: str | None = None
@@ -150,9 +138,8 @@ class Run:
     ended_at: float | None = None
     error: str | None = None
     infrastructure: bool = False
-    claimer_pid: int | None = None
-    claimer_start: int | None = None
-    """Kernel start time of the claiming process (with ``claimer_pid``: its identity)."""
+    claimant: Claimant | None = None
+    """The claiming process (pid + start time + boot id); None on rows that lack it."""
 
     @property
     def open(self) -> bool:
@@ -201,14 +188,6 @@ class CardEdit:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Claimer:
-    """Identity of the process that claims a run (pid + kernel start time)."""
-
-    pid: int
-    start: int | None
-
-
-@dataclass(frozen=True, kw_only=True)
 class Limits:
     """Budget checked inside the claim transaction."""
 
@@ -216,18 +195,6 @@ class Limits:
     assignee_max: int | None = None
     host_max: int | None = None
     """Cluster mode: open runs this host may hold (``kanban.max_in_progress_per_host``)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunResult:
-    """How a run ended, as the dispatcher determined it."""
-
-    outcome: RunOutcome
-    exit_code: int | None = None
-    signal: str | None = None
-    error: str | None = None
-    infrastructure: bool = False
-    session_id: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

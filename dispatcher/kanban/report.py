@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.kanban.model import RunOutcome
+from dispatcher.launch.outcome import Outcome
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,7 +14,7 @@ class Closed:
 
     card_id: str
     run_id: str
-    outcome: RunOutcome
+    outcome: Outcome
     status: str
     """The card's status afterwards."""
     error: str | None = None

@@ -8,7 +8,14 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from dispatcher.kanban.model import BlockKind, Card, CardStatus, Run, RunOutcome
+from dispatcher.kanban.model import (
+    BlockKind,
+    Card,
+    CardStatus,
+    Run,
+)
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome
 
 CARD_PREFIX = "c_"
 RUN_PREFIX = "r_"
@@ -66,7 +73,7 @@ def run_of(row: sqlite3.Row) -> Run:
         card_id=row["card_id"],
         attempt=row["attempt"],
         claimed_at=row["claimed_at"],
-        outcome=RunOutcome(row["outcome"]) if row["outcome"] else None,
+        outcome=Outcome(row["outcome"]) if row["outcome"] else None,
         exit_code=row["exit_code"],
         signal=row["signal"],
         session_id=row["session_id"],
@@ -76,14 +83,20 @@ def run_of(row: sqlite3.Row) -> Run:
         ended_at=row["ended_at"],
         error=row["error"],
         infrastructure=bool(row["infrastructure"]),
-        claimer_pid=row["claimer_pid"],
-        claimer_start=row["claimer_start"],
+        claimant=claimant_of(row),
     )
+
+
+def claimant_of(row: Any) -> Claimant | None:
+    """The claimant stored in a run row's ``claimer_*`` columns."""
+    if row["claimer_pid"] is None:
+        return None
+    return Claimant(pid=row["claimer_pid"], start=row["claimer_start"], boot=row["claimer_boot"])
 
 
 def db_value(value: Any) -> Any:
     """A record value as SQLite stores it (enums by value, booleans as 0/1)."""
-    if isinstance(value, CardStatus | BlockKind | RunOutcome):
+    if isinstance(value, CardStatus | BlockKind | Outcome):
         return value.value
     if isinstance(value, bool):
         return int(value)

@@ -181,20 +181,23 @@ def worker_move_change(
     return Change(fields=fields, kind=kind, data=data)
 
 
+FRESH_START: dict[str, Any] = {
+    "block_kind": None,
+    "blocked_until": None,
+    "consecutive_failures": 0,
+    "tempfail_count": 0,
+    "retry_at": None,
+    "cooldown_until": None,
+}
+"""The card fields an operator's unblock or retry resets: no block, no counts, no waits."""
+
+
 def unblock_change(card: Card, *, parents_done: bool) -> Change:
     """An operator's unblock: counts reset, back to ready (todo behind a parent)."""
     if card.status is not CardStatus.BLOCKED:
         raise WrongStatus(card.id, card.status.value, "unblock")
     status = status_after_parents(parents_done)
-    fields = {
-        "status": status,
-        "block_kind": None,
-        "blocked_until": None,
-        "consecutive_failures": 0,
-        "tempfail_count": 0,
-        "retry_at": None,
-        "cooldown_until": None,
-    }
+    fields = {"status": status, **FRESH_START}
     data = {"by": "operator", "status": status.value}
     return Change(fields=fields, kind=EventKind.UNBLOCKED, data=data)
 

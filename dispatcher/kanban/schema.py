@@ -85,6 +85,13 @@ INSERT INTO kanban_meta (key, value) VALUES ('board_version', 0), ('paused', 0);
 
 COMPONENT = Component(
     name="kanban",
-    migrations=[Migration(version=1, apply=V1, note="cards, parents, runs, events, meta")],
+    migrations=[
+        Migration(version=1, apply=V1, note="cards, parents, runs, events, meta"),
+        Migration(
+            version=2,
+            apply="ALTER TABLE kanban_runs ADD COLUMN claimer_boot TEXT;",
+            note="the claimant's boot id",
+        ),
+    ],
 )
 """The kanban board's tables; listed in :func:`dispatcher.app.database.components`."""

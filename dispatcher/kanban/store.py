@@ -6,223 +6,55 @@ PostgreSQL: a transaction-scoped advisory lock, see :mod:`dispatcher.cluster.dat
 write bumps the board version. Reads use one transaction for a consistent snapshot.
 
 The SQL is written once, in the dialect both backends share (``?`` placeholders, 0/1 flags,
-JSON text); a backend supplies a :class:`SqlDatabase` and the two spellings that differ
-(parent order, id-prefix match). See :mod:`dispatcher.kanban.abc` for the contract.
+JSON text; the building blocks are in :mod:`dispatcher.kanban.sql`); a backend supplies a
+:class:`~dispatcher.kanban.sql.SqlDatabase` and the two spellings that differ (parent order,
+id-prefix match). See :mod:`dispatcher.kanban.abc` for the contract.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 from dispatcher.kanban import rules
-from dispatcher.kanban.abc import BoardStore, Claim, ClaimVerdict, Decide
+from dispatcher.kanban.abc import Claim, ClaimVerdict, Decide
 from dispatcher.kanban.model import (
     BlockKind,
     Card,
     CardEdit,
     CardStatus,
-    Claimer,
     Event,
     EventKind,
     Limits,
     NewCard,
     Run,
-    RunResult,
     move_fields,
 )
 from dispatcher.kanban.rows import (
     CARD_COLUMNS,
-    CARD_FIELDS,
     CARD_PREFIX,
     RUN_PREFIX,
     card_of,
-    db_value,
     new_id,
     run_of,
 )
-from registry.errors import AmbiguousId
+from dispatcher.kanban.sql import (
+    WAITING_SQL,
+    SqlBoard,
+    SqlConnection,
+    SqlDatabase,
+)
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Result
 from registry.state import StateDB
 from scope.foundation.errors import NotFoundError
 
-# A parent counts as done when it is done, or was done before it was archived.
-_UNDONE_PARENTS_SQL = (
-    "SELECT COUNT(*) FROM kanban_parents p JOIN kanban_cards pc ON pc.id = p.parent_id"
-    " WHERE p.card_id = ? AND NOT (pc.status = 'done'"
-    " OR (pc.status = 'archived' AND pc.completed_at IS NOT NULL))"
-)
-_WAITING_SQL = (
-    "SELECT c.id FROM kanban_cards c WHERE c.status = 'todo' AND NOT EXISTS ("
-    " SELECT 1 FROM kanban_parents p JOIN kanban_cards pc ON pc.id = p.parent_id"
-    " WHERE p.card_id = c.id AND NOT (pc.status = 'done'"
-    " OR (pc.status = 'archived' AND pc.completed_at IS NOT NULL)))"
-)
+__all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore"]
 
 
-class SqlConnection(Protocol):
-    """What the store needs of a connection: ``execute`` with ``?`` placeholders, returning a
-    cursor whose rows answer both ``row[0]`` and ``row["name"]``."""
-
-    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Any:
-        """Run one statement."""
-
-
-class SqlDatabase(Protocol):
-    """A database handing out transactions (:class:`~registry.state.StateDB` is one)."""
-
-    def read(self) -> AbstractContextManager[Any]:
-        """A transaction for reading."""
-
-    def write(self) -> AbstractContextManager[Any]:
-        """A write transaction that excludes every other board write until it ends."""
-
-
-class SqlBoardStore(BoardStore):
+class SqlBoardStore(SqlBoard):
     """The board in a SQL database (tables of :mod:`dispatcher.kanban.schema`)."""
-
-    PARENT_ORDER = "rowid"
-    """The column that keeps parents in the order they were given."""
-    PREFIX_MATCH = "{column} GLOB ? || '*'"
-    """SQL true when ``{column}`` starts with the bound text (exact, index-friendly)."""
-
-    def __init__(self, db: SqlDatabase) -> None:
-        self.db = db
-
-    # -- helpers -----------------------------------------------------------------------------
-
-    @staticmethod
-    def _bump(conn: SqlConnection) -> None:
-        conn.execute("UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version'")
-
-    @staticmethod
-    def _event(
-        conn: SqlConnection,
-        card_id: str,
-        kind: EventKind,
-        data: Mapping[str, Any],
-        now: float,
-        run_id: str | None = None,
-    ) -> None:
-        conn.execute(
-            "INSERT INTO kanban_events (card_id, run_id, kind, at, data) VALUES (?, ?, ?, ?, ?)",
-            (card_id, run_id, kind.value, now, json.dumps(dict(data), default=str)),
-        )
-
-    @staticmethod
-    def _update(conn: SqlConnection, card_id: str, fields: Mapping[str, Any], now: float) -> None:
-        unknown = set(fields) - CARD_FIELDS
-        if unknown:
-            raise ValueError(f"unknown card fields {sorted(unknown)}")
-        values = {**fields, "updated_at": now}
-        assignments = ", ".join(f"{name} = ?" for name in values)
-        conn.execute(
-            f"UPDATE kanban_cards SET {assignments} WHERE id = ?",  # noqa: S608 - names checked
-            (*(db_value(v) for v in values.values()), card_id),
-        )
-
-    @classmethod
-    def _parents(cls, conn: SqlConnection, card_ids: Sequence[str] | None) -> dict[str, list[str]]:
-        if card_ids is None:
-            rows = conn.execute(
-                f"SELECT card_id, parent_id FROM kanban_parents ORDER BY {cls.PARENT_ORDER}"  # noqa: S608
-            ).fetchall()
-        else:
-            rows = []
-            ids = list(card_ids)
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                rows += conn.execute(
-                    f"SELECT card_id, parent_id FROM kanban_parents WHERE card_id IN ({marks})"  # noqa: S608
-                    f" ORDER BY {cls.PARENT_ORDER}",
-                    chunk,
-                ).fetchall()
-        found: dict[str, list[str]] = {}
-        for row in rows:
-            found.setdefault(row[0], []).append(row[1])
-        return found
-
-    def _apply(
-        self,
-        conn: SqlConnection,
-        card_id: str,
-        change: rules.Change,
-        now: float,
-        run_id: str | None = None,
-    ) -> Card:
-        self._update(conn, card_id, change.fields, now)
-        self._event(conn, card_id, change.kind, change.data, now, run_id)
-        self._bump(conn)
-        return self._load_card(conn, card_id)
-
-    def _stamp(self, conn: SqlConnection, run_id: str) -> None:
-        """Mark a run just claimed with whatever fences it (cluster mode: host and epoch)."""
-
-    def _fenced(self, conn: SqlConnection, run_id: str) -> bool:
-        """Whether writes about ``run_id`` still count (cluster mode: its host's epoch is
-        current). A single host owns every run it claims."""
-        return True
-
-    def _host_open_count(self, conn: SqlConnection) -> int | None:
-        """Open runs of this host (cluster mode), None where there is only one host."""
-        return None
-
-    @staticmethod
-    def _open_count(conn: SqlConnection, card: Card | None = None) -> int:
-        """Open runs on the board, or of ``card``'s assignee."""
-        if card is None:
-            row = conn.execute("SELECT COUNT(*) FROM kanban_runs WHERE outcome IS NULL")
-        else:
-            row = conn.execute(
-                "SELECT COUNT(*) FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
-                " WHERE r.outcome IS NULL AND c.assignee = ?",
-                (card.assignee,),
-            )
-        return int(row.fetchone()[0])
-
-    def _load_card(self, conn: SqlConnection, card_id: str) -> Card:
-        row = conn.execute(
-            f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE id = ?",  # noqa: S608
-            (card_id,),
-        ).fetchone()
-        if row is None:
-            raise NotFoundError("card", card_id)
-        return card_of(row, self._parents(conn, [card_id]).get(card_id, []))
-
-    @staticmethod
-    def _load_run(conn: SqlConnection, run_id: str) -> Run:
-        row = conn.execute("SELECT * FROM kanban_runs WHERE run_id = ?", (run_id,)).fetchone()
-        if row is None:
-            raise NotFoundError("run", run_id)
-        return run_of(row)
-
-    @staticmethod
-    def _parents_done(conn: SqlConnection, card_id: str) -> bool:
-        row = conn.execute(_UNDONE_PARENTS_SQL, (card_id,)).fetchone()
-        return int(row[0]) == 0
-
-    def _resolve(self, text: str, prefix: str, kind: str, table: str, column: str) -> str:
-        full = rules.id_wanted(text, prefix, kind)
-        with self.db.read() as conn:
-            exact = conn.execute(
-                f"SELECT {column} FROM {table} WHERE {column} = ?",  # noqa: S608 - constants
-                (full,),
-            ).fetchone()
-            if exact is not None:
-                return str(exact[0])
-            rules.check_prefix_length(text, kind)
-            match = self.PREFIX_MATCH.format(column=column)
-            rows = conn.execute(
-                f"SELECT {column} FROM {table} WHERE {match} ORDER BY {column} LIMIT 50",  # noqa: S608
-                (full,),
-            ).fetchall()
-        if not rows:
-            raise NotFoundError(kind, text)
-        if len(rows) > 1:
-            raise AmbiguousId(kind, text, [str(r[0]) for r in rows])
-        return str(rows[0][0])
 
     # -- cards -------------------------------------------------------------------------------
 
@@ -376,7 +208,7 @@ class SqlBoardStore(BoardStore):
     # -- the dispatcher's steps --------------------------------------------------------------
 
     def promote(self, *, now: float) -> list[tuple[str, EventKind]]:
-        waiting_sql = _WAITING_SQL
+        waiting_sql = WAITING_SQL
         expired_sql = (
             "SELECT id FROM kanban_cards WHERE status = 'blocked' AND block_kind = 'transient'"
             " AND blocked_until IS NOT NULL AND blocked_until <= ?"
@@ -417,7 +249,7 @@ class SqlBoardStore(BoardStore):
         card_id: str,
         *,
         now: float,
-        claimer: Claimer,
+        claimer: Claimant,
         limits: Limits,
         ignore_cooldown: bool = False,
     ) -> Claim:
@@ -447,8 +279,8 @@ class SqlBoardStore(BoardStore):
             run_id = new_id(RUN_PREFIX)
             conn.execute(
                 "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"
-                " claimer_start) VALUES (?, ?, ?, ?, ?, ?)",
-                (run_id, card_id, attempt, now, claimer.pid, claimer.start),
+                " claimer_start, claimer_boot) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot),
             )
             self._stamp(conn, run_id)
             cursor = conn.execute(
@@ -501,7 +333,7 @@ class SqlBoardStore(BoardStore):
             return True
 
     def close_run(
-        self, run_id: str, result: RunResult, decide: Decide, *, now: float
+        self, run_id: str, result: Result, decide: Decide, *, now: float
     ) -> tuple[Run, Card] | None:
         with self.db.write() as conn:
             return self._close(conn, run_id, result, decide, now)
@@ -510,7 +342,7 @@ class SqlBoardStore(BoardStore):
         self,
         conn: SqlConnection,
         run_id: str,
-        result: RunResult,
+        result: Result,
         decide: Decide,
         now: float,
         *,

@@ -7,7 +7,9 @@ that could not start counts toward ``failure_limit``; at the limit the card is `
 ``gave_up`` event. A refused spawn (no restart-safe scope) is infrastructure: never counted, the
 card stays ``ready`` behind a cooldown. Only a success or an explicit unblock resets the count.
 
-Nothing here touches the store or the clock: the store calls :func:`after_run` inside the
+How a finished session maps onto an outcome is the launch core's
+:func:`dispatcher.launch.outcome.outcome_of`, the same for cron. Nothing here touches the
+store or the clock: the store calls :func:`after_run` inside the
 transaction that closes the run, with the card as it is at that moment.
 """
 
@@ -24,24 +26,17 @@ from dispatcher.kanban.model import (
     CardStatus,
     EventKind,
     Run,
-    RunOutcome,
-    RunResult,
 )
 from dispatcher.kanban.settings import KanbanSettings
-from registry.abc import Session, SessionState
-
-EX_TEMPFAIL = 75
-"""sysexits.h: temporary failure, try again later."""
-EX_CONFIG = 78
-"""sysexits.h: configuration error; retrying cannot help."""
+from dispatcher.launch.outcome import Outcome, Result
 
 COUNTED = frozenset(
     {
-        RunOutcome.FAILED,
-        RunOutcome.TIMED_OUT,
-        RunOutcome.LOST,
-        RunOutcome.FAILED_START,
-        RunOutcome.CONFIG_ERROR,
+        Outcome.FAILED,
+        Outcome.TIMED_OUT,
+        Outcome.LOST,
+        Outcome.FAILED_START,
+        Outcome.CONFIG_ERROR,
     }
 )
 """Outcomes that count toward the breaker."""
@@ -77,49 +72,7 @@ class Breaker:
         return min(self.backoff_base * 2 ** min(count - 1, 32), self.backoff_max)
 
 
-def result_from_session(session: Session) -> RunResult:
-    """Classify a finished session (raises ValueError for a running one)."""
-    state = session.state
-    base: dict[str, Any] = {
-        "exit_code": session.exit_code,
-        "signal": session.signal,
-        "session_id": session.id,
-    }
-    reason = session.completion_reason
-    if state is SessionState.RUNNING:
-        raise ValueError(f"session {session.id} is still running")
-    if state is SessionState.FAILED_START:
-        return RunResult(
-            outcome=RunOutcome.FAILED_START, error=reason or "the worker could not start", **base
-        )
-    if state is SessionState.TIMED_OUT:
-        return RunResult(outcome=RunOutcome.TIMED_OUT, error=reason or "timed out", **base)
-    if state is SessionState.LOST:
-        return RunResult(
-            outcome=RunOutcome.LOST,
-            error=reason or "the keeper vanished without an exit record",
-            **base,
-        )
-    if session.signal is not None or state is SessionState.KILLED:
-        text = reason or (f"killed by {session.signal}" if session.signal else "killed")
-        return RunResult(outcome=RunOutcome.FAILED, error=text, **base)
-    code = session.exit_code
-    if code == 0:
-        return RunResult(outcome=RunOutcome.COMPLETED, **base)
-    if code == EX_TEMPFAIL:
-        return RunResult(
-            outcome=RunOutcome.TEMPFAIL, error="exited with code 75 (temporary failure)", **base
-        )
-    if code == EX_CONFIG:
-        return RunResult(
-            outcome=RunOutcome.CONFIG_ERROR,
-            error="exited with code 78 (configuration error)",
-            **base,
-        )
-    return RunResult(outcome=RunOutcome.FAILED, error=reason or f"exited with code {code}", **base)
-
-
-def _run_data(run: Run, result: RunResult) -> dict[str, Any]:
+def _run_data(run: Run, result: Result) -> dict[str, Any]:
     data: dict[str, Any] = {"outcome": result.outcome.value}
     if result.exit_code is not None:
         data["exit_code"] = result.exit_code
@@ -132,18 +85,18 @@ def _run_data(run: Run, result: RunResult) -> dict[str, Any]:
     return data
 
 
-def after_run(card: Card, run: Run, result: RunResult, breaker: Breaker, now: float) -> CardChange:
+def after_run(card: Card, run: Run, result: Result, breaker: Breaker, now: float) -> CardChange:
     """What closing ``run`` with ``result`` does to ``card`` (see the module docstring)."""
     data = _run_data(run, result)
     if card.status is not CardStatus.RUNNING or card.current_run_id != run.run_id:
         # The worker (or an operator) already moved the card: the move wins; the exit is only
         # recorded. A clean exit after `complete` needs no event of its own.
-        if result.outcome is RunOutcome.COMPLETED:
+        if result.outcome is Outcome.COMPLETED:
             return CardChange()
         data["card_status"] = card.status.value
         return CardChange(events=((EventKind.EXIT_IGNORED, data),))
     outcome = result.outcome
-    if outcome is RunOutcome.COMPLETED:
+    if outcome is Outcome.COMPLETED:
         return CardChange(
             fields={
                 "status": CardStatus.DONE,
@@ -156,9 +109,9 @@ def after_run(card: Card, run: Run, result: RunResult, breaker: Breaker, now: fl
             },
             events=((EventKind.COMPLETED, data),),
         )
-    if outcome is RunOutcome.TEMPFAIL:
+    if outcome is Outcome.TEMPFAIL:
         return _tempfail(card, data, result, breaker, now)
-    if outcome is RunOutcome.SPAWN_REFUSED:
+    if outcome is Outcome.SPAWN_REFUSED:
         until = now + breaker.infrastructure_cooldown
         data["cooldown_until"] = until
         data["infrastructure"] = True
@@ -170,14 +123,14 @@ def after_run(card: Card, run: Run, result: RunResult, breaker: Breaker, now: fl
             },
             events=((EventKind.SPAWN_REFUSED, data),),
         )
-    if result.infrastructure and outcome in (RunOutcome.FAILED, RunOutcome.LOST):
+    if result.infrastructure and outcome in (Outcome.FAILED, Outcome.LOST):
         # A degraded worker taken down by its gateway's stop: not the card's fault.
         data["infrastructure"] = True
         return CardChange(
             fields={"status": CardStatus.READY, "last_failure_error": result.error},
             events=((EventKind.INTERRUPTED, data),),
         )
-    if outcome in (RunOutcome.RECLAIMED, RunOutcome.REPLACED):
+    if outcome in (Outcome.RECLAIMED, Outcome.REPLACED):
         return CardChange(
             fields={"status": CardStatus.READY}, events=((EventKind.RECLAIMED, data),)
         )
@@ -185,7 +138,7 @@ def after_run(card: Card, run: Run, result: RunResult, breaker: Breaker, now: fl
 
 
 def _tempfail(
-    card: Card, data: dict[str, Any], result: RunResult, breaker: Breaker, now: float
+    card: Card, data: dict[str, Any], result: Result, breaker: Breaker, now: float
 ) -> CardChange:
     count = card.tempfail_count + 1
     data["tempfail_count"] = count
@@ -216,7 +169,7 @@ def _tempfail(
 
 
 def _counted(
-    card: Card, data: dict[str, Any], result: RunResult, breaker: Breaker, now: float
+    card: Card, data: dict[str, Any], result: Result, breaker: Breaker, now: float
 ) -> CardChange:
     failures = card.consecutive_failures + 1
     limit = card.failure_limit or breaker.failure_limit
@@ -229,7 +182,7 @@ def _counted(
         "last_failure_error": result.error,
     }
     events: list[tuple[EventKind, Mapping[str, Any]]] = [(EventKind.FAILED, data)]
-    trip_now = result.outcome is RunOutcome.CONFIG_ERROR
+    trip_now = result.outcome is Outcome.CONFIG_ERROR
     if trip_now or failures >= limit:
         reason = (
             "configuration error (exit 78): the breaker trips at once"

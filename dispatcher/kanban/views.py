@@ -6,12 +6,12 @@ and whole seconds, signals are names or null.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
 from dispatcher.kanban.report import TickReport
-from dispatcher.timefmt import iso, short
+from dispatcher.timefmt import TimeView, iso
 
 BOARD_ORDER = (
     CardStatus.TODO,
@@ -107,27 +107,53 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def card_table(cards: Sequence[Card]) -> list[str]:
-    """``list`` as aligned lines."""
-    lines = [f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'FAILS':>5}  TITLE"]
+def card_table(cards: Sequence[Card], *, times: TimeView | None = None) -> list[str]:
+    """``list`` as aligned lines; UPDATED is relative (``3h ago``), for scanning."""
+    view = times or TimeView.local()
+    lines = [
+        f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'FAILS':>5}  "
+        f"{'UPDATED':<10}  TITLE"
+    ]
     for card in cards:
         status = card.status.value
         if card.block_kind is not None:
             status += f"({card.block_kind.value})"
         lines.append(
             f"{card.id:<12}  {status:<8}  {card.priority:>4}  {_cut(card.assignee, 12):<12}  "
-            f"{card.consecutive_failures:>5}  {_cut(card.title, 60)}"
+            f"{card.consecutive_failures:>5}  {view.ago(card.updated_at):<10}  "
+            f"{_cut(card.title, 60)}"
         )
     return lines
 
 
-def show_text(card: Card, runs: Sequence[Run], events: Sequence[Event]) -> list[str]:
-    """``show`` as text: fields, runs, events."""
+SORT_KEYS: dict[str, Callable[[Card], Any]] = {
+    "priority": lambda c: (-c.priority, c.created_at, c.id),
+    "created": lambda c: (c.created_at, c.id),
+    "updated": lambda c: (-(c.updated_at or 0), c.id),
+    "status": lambda c: (BOARD_ORDER.index(c.status) if c.status in BOARD_ORDER else 99, c.id),
+    "id": lambda c: c.id,
+}
+"""``kanban list --sort``: priority (highest first), created (oldest first), updated (newest
+first), status (board order), id."""
+
+
+def sorted_cards(cards: Sequence[Card], key: str, limit: int | None = None) -> list[Card]:
+    """``cards`` in the order ``key`` names (:data:`SORT_KEYS`), at most ``limit``."""
+    ordered = sorted(cards, key=SORT_KEYS[key])
+    return ordered if limit is None else ordered[:limit]
+
+
+def show_text(
+    card: Card, runs: Sequence[Run], events: Sequence[Event], *, times: TimeView | None = None
+) -> list[str]:
+    """``show`` as text: fields, runs, events (times as ``times`` shows them)."""
+    view = times or TimeView.local()
+    short = view.at
     lines = [
         f"card      {card.id}  {card.title}",
         f"status    {card.status.value}"
         + (f" ({card.block_kind.value})" if card.block_kind else "")
-        + (f" until {short(card.blocked_until)}" if card.blocked_until else ""),
+        + (f" until {view.both(card.blocked_until)}" if card.blocked_until else ""),
         f"assignee  {card.assignee}   priority {card.priority}   failures "
         f"{card.consecutive_failures}"
         + (f"/{card.failure_limit}" if card.failure_limit else "")
@@ -138,9 +164,9 @@ def show_text(card: Card, runs: Sequence[Run], events: Sequence[Event]) -> list[
     if card.parents:
         lines.append("parents   " + " ".join(card.parents))
     if card.retry_at:
-        lines.append(f"retry at  {short(card.retry_at)}")
+        lines.append(f"retry at  {view.both(card.retry_at)}")
     if card.cooldown_until:
-        lines.append(f"cooldown  until {short(card.cooldown_until)}")
+        lines.append(f"cooldown  until {view.both(card.cooldown_until)}")
     if card.last_failure_error:
         lines.append(f"error     {card.last_failure_error}")
     if card.result:

@@ -23,7 +23,9 @@ act, the message names the fix in ``remedy``.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs the CLI's start-up; the annotations are strings anyway
+    from typing import Any, ClassVar
 
 
 class DispatchError(Exception):

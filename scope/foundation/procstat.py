@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ProcStat", "group_members", "read_stat", "start_time"]
+__all__ = ["ProcStat", "boot_id", "group_members", "read_stat", "start_time"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,3 +62,18 @@ def group_members(pgid: int, *, proc_root: str = "/proc") -> list[ProcStat]:
         if stat is not None and stat.pgrp == pgid and stat.state not in ("Z", "X"):
             found.append(stat)
     return found
+
+
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str | None:
+    """This boot's random id (it changes at every boot), or None where /proc does not say.
+
+    Kernel start times count clock ticks since boot, so a (pid, start time) pair names one
+    process only within one boot: the boot id completes the identity."""
+    try:
+        with open(_BOOT_ID, encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None

@@ -165,10 +165,11 @@ _ISO = re.compile(
 ISO_HINT = "use e.g. 2026-03-29, 2026-03-29T01:00 or 2026-03-29T01:00:00+01:00"
 
 
-def parse_iso_time(text: str, zone: dt.tzinfo) -> dt.datetime:
-    """An aware datetime from ISO-8601 extended form: a date, optionally ``T`` (or a space)
-    and ``HH:MM[:SS[.ffffff]]``, optionally ``Z`` or ``±HH[:MM]``. A time without an offset
-    is a wall time in ``zone``. Raises :class:`Invalid` for anything else."""
+def parse_iso_time(text: str, zone: dt.tzinfo | None) -> dt.datetime:
+    """A datetime from ISO-8601 extended form: a date, optionally ``T`` (or a space) and
+    ``HH:MM[:SS[.ffffff]]``, optionally ``Z`` or ``±HH[:MM]``. A time without an offset is a
+    wall time in ``zone`` (naive when ``zone`` is None). Raises :class:`Invalid` for anything
+    else."""
     match = _ISO.fullmatch(strip_blanks(text))
     if match is None:
         raise Invalid(f"invalid ISO-8601 time {quote(text)}; {ISO_HINT}")

@@ -24,19 +24,18 @@ from dispatcher.kanban.model import (
     CardChange,
     CardEdit,
     CardStatus,
-    Claimer,
     EventKind,
     Limits,
     NewCard,
-    RunOutcome,
-    RunResult,
 )
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outcome import Outcome, Result
 from registry.errors import AmbiguousId
 from scope.foundation.errors import NotFoundError
 
 NOW = 1_800_000_000.0
-ME = Claimer(pid=1, start=1)
+ME = Claimant(pid=1, start=1, boot=None)
 WIDE = Limits(max_in_progress=100)
 
 
@@ -150,11 +149,11 @@ def test_close_run_applies_the_decision_once(store: BoardStore) -> None:
         calls.append(1)
         return CardChange(fields={"status": CardStatus.DONE}, events=((EventKind.COMPLETED, {}),))
 
-    result = RunResult(outcome=RunOutcome.COMPLETED, exit_code=0)
+    result = Result(outcome=Outcome.COMPLETED, exit_code=0)
     closed = store.close_run(run.run_id, result, decide, now=NOW + 5)
     assert closed is not None
     done_run, card = closed
-    assert done_run.outcome is RunOutcome.COMPLETED and done_run.ended_at == NOW + 5
+    assert done_run.outcome is Outcome.COMPLETED and done_run.ended_at == NOW + 5
     assert done_run.session_id == "s_1" and done_run.unit == "u"
     assert card.status is CardStatus.DONE and card.current_run_id is None
     assert store.close_run(run.run_id, result, decide, now=NOW + 6) is None
@@ -296,7 +295,7 @@ def test_status_counts_and_runs_of(store: BoardStore) -> None:
     counts = store.status_counts()
     assert counts[CardStatus.RUNNING] == 1 and counts[CardStatus.READY] == 1
     assert [r.run_id for r in store.runs_of(card_id)] == [run.run_id]
-    assert store.get_run(run.run_id).claimer_pid == ME.pid
+    assert store.get_run(run.run_id).claimant == ME
     assert store.resolve_run(run.run_id[:6]).run_id == run.run_id
     with pytest.raises(NotFoundError):
         store.get_run("r_0000000000")
@@ -307,7 +306,7 @@ def test_a_second_attempt_counts_up(store: BoardStore) -> None:
     run = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).run
     assert run is not None
     back = CardChange(fields={"status": CardStatus.READY})
-    store.close_run(run.run_id, RunResult(outcome=RunOutcome.TEMPFAIL), lambda c, r: back, now=NOW)
+    store.close_run(run.run_id, Result(outcome=Outcome.TEMPFAIL), lambda c, r: back, now=NOW)
     again = store.claim(card_id, now=NOW + 1, claimer=ME, limits=WIDE).run
     assert again is not None and again.attempt == 2
     assert [r.attempt for r in store.runs_of(card_id)] == [1, 2]

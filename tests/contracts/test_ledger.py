@@ -18,7 +18,9 @@ from dispatcher.app.database import open_state
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cron.abc import LedgerStore
+from dispatcher.cron.changes import FireChange
 from dispatcher.cron.ledger import Kind, Ledger, Status
+from dispatcher.launch.outcome import Outcome
 
 NOW = 1_800_000_000.0
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -101,9 +103,11 @@ def test_status_changes_are_compare_and_set(ledger: LedgerStore) -> None:
     with ledger.transaction() as tx:
         row_id = tx.insert(**row())
     assert row_id is not None
-    assert ledger.update(row_id, [Status.CLAIMED], status=Status.SPAWNING)
-    assert not ledger.update(row_id, [Status.CLAIMED], status=Status.RUNNING)
-    assert ledger.update(row_id, [Status.SPAWNING], status=Status.RUNNING, session_id="s_1")
+    assert ledger.update(row_id, [Status.CLAIMED], FireChange(status=Status.SPAWNING))
+    assert not ledger.update(row_id, [Status.CLAIMED], FireChange(status=Status.RUNNING))
+    assert ledger.update(
+        row_id, [Status.SPAWNING], FireChange(status=Status.RUNNING, session_id="s_1")
+    )
     got = ledger.get(row_id)
     assert got.status is Status.RUNNING and got.session_id == "s_1"
     with pytest.raises(KeyError):
@@ -148,8 +152,10 @@ def test_open_rows_workers_and_history(ledger: LedgerStore) -> None:
         existing = tx.existing_keys(["j@2027-01-15T09:00:00"])
         ids = tx.insert_many([row(minute=m) for m in range(3)] + [row("k", 0)])
     assert existing == set() and len(ids) == 4
-    ledger.update(ids[0], [Status.CLAIMED], status=Status.RUNNING)
-    ledger.update(ids[1], [Status.CLAIMED], status=Status.DONE, outcome="completed")
+    ledger.update(ids[0], [Status.CLAIMED], FireChange(status=Status.RUNNING))
+    ledger.update(
+        ids[1], [Status.CLAIMED], FireChange(status=Status.DONE, outcome=Outcome.COMPLETED)
+    )
     assert ledger.count_workers() == 1
     assert [r.id for r in ledger.open_rows()] == [ids[0], ids[2], ids[3]]
     assert [r.id for r in ledger.open_rows([Status.RUNNING])] == [ids[0]]

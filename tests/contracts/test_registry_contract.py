@@ -148,6 +148,24 @@ def test_lookup(subject: Subject) -> None:
     assert isinstance(AmbiguousId("session", "abcd", ["a", "b"]), UsageError)
 
 
+def test_find_by_owner(subject: Subject) -> None:
+    registry = subject.registry
+    assert registry.find(ALICE) is None
+    first = registry.spawn(make_request(ECHO, owner=ALICE))
+    assert registry.find(ALICE) == registry.get(first.id)
+    subject.end(first)
+    found = registry.find(ALICE)
+    assert found is not None and found.id == first.id and found.finished
+    second = registry.spawn(make_request(ECHO, owner=ALICE))
+    newest = registry.find(ALICE)
+    assert newest is not None and newest.id == second.id  # the newest session of the owner
+    registry.handoff(second.id, BOB, note="yours now")
+    handed = registry.find(BOB)
+    assert handed is not None and handed.id == second.id
+    subject.end(second)
+    assert registry.find(Owner(kind="client", id="nobody")) is None
+
+
 def test_running_kill_wait_and_listeners(subject: Subject) -> None:
     registry = subject.registry
     seen: list[str] = []

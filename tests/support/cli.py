@@ -8,6 +8,20 @@ from collections.abc import Mapping
 from pathlib import Path
 
 
+def dispatch_argv(config: Path, state: Path, *args: str) -> list[str]:
+    """The argv of ``dispatch --config CONFIG --state-dir STATE ARGS`` from this checkout."""
+    return [
+        sys.executable,
+        "-m",
+        "dispatcher.cli.main",
+        "--config",
+        str(config),
+        "--state-dir",
+        str(state),
+        *args,
+    ]
+
+
 def run_dispatch(
     config: Path,
     state: Path,
@@ -19,16 +33,7 @@ def run_dispatch(
     """``dispatch --config CONFIG --state-dir STATE ARGS``; with ``check`` a non-zero exit fails
     the test with the command's stderr."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dispatcher.cli.main",
-            "--config",
-            str(config),
-            "--state-dir",
-            str(state),
-            *args,
-        ],
+        dispatch_argv(config, state, *args),
         env=dict(env),
         capture_output=True,
         text=True,

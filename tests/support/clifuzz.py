@@ -6,9 +6,9 @@ docstring for the rules; :func:`problems` checks them for one command line.
 
 Command lines come from the parser itself (every command and option it registers), filled with
 hostile values and the ids of real cards, runs, sessions and events. What would run unbounded
-is kept out: ``serve`` and ``events --follow`` are never generated, ``run`` always runs
-``true``, the options that choose the config and state dir keep their test values, and paths a
-command would create stay in the test's directory.
+is kept out: ``serve``, ``-f``/``--follow`` and a view's ``--watch`` are never generated,
+``run`` always runs ``true``, the options that choose the config and state dir keep their test
+values, and paths a command would create stay in the test's directory.
 """
 
 from __future__ import annotations
@@ -156,13 +156,18 @@ def command_lines(draw: st.DrawFn, ids: list[str]) -> tuple[Command, list[str]]:
 
 
 def _unsafe(command: Command, word: str) -> bool:
-    """Words that would move the config or state dir, follow forever or write outside."""
+    """Words that would move the config or state dir, follow or redraw forever (``-f``,
+    ``--follow``, a view's ``--watch``) or write outside the test's directory."""
     option = word.partition("=")[0]
     if len(option) > 2 and any(name.startswith(option) for name in PINNED):
         return True
-    if command.path in {("events",), ("logs",)}:
-        follows = len(option) > 2 and "--follow".startswith(option)
-        if follows or (word.startswith("-") and not word.startswith("--") and "f" in word):
+    names = {name for name, _ in command.options}
+    endless = [long for long, short in (("--follow", "-f"), ("--watch", "-w")) if short in names]
+    for long in endless:
+        short = long[2]
+        if len(option) > 2 and long.startswith(option):
+            return True
+        if word.startswith("-") and not word.startswith("--") and short in word:
             return True
     return command.path == ("state", "backup") and word.startswith(("/", "~"))
 

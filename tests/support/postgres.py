@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,6 +177,16 @@ def postgres_server(request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
 def pg_url(postgres_server: PostgresServer) -> str:
     """A URL to a fresh, empty database on the session's server."""
     return postgres_server.url(postgres_server.create_database())
+
+
+@pytest.fixture
+def cluster_db(pg_url: str) -> Iterator[Any]:
+    """A :class:`~dispatcher.cluster.database.ClusterDB` on a fresh database, schema in place."""
+    from dispatcher.cluster.database import ClusterDB
+
+    with ClusterDB(pg_url) as db:
+        db.migrate()
+        yield db
 
 
 def summary_line(config: pytest.Config) -> str:

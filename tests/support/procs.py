@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "ProcessIdentity",
+    "default_signals",
     "identify",
     "is_alive",
     "start_time",
@@ -128,3 +129,13 @@ def stop_child(proc: subprocess.Popen[Any], *, grace: float = 5.0, kill_after: f
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait(timeout=kill_after)
+
+
+def default_signals() -> None:
+    """``preexec_fn`` for a child that a test interrupts (Ctrl-C, SIGQUIT): default
+    dispositions and an empty mask. Started as a background job (``pytest ... &`` in a script),
+    the test process itself runs with SIGINT and SIGQUIT ignored, and a Python child whose
+    SIGINT is ignored at start-up never raises KeyboardInterrupt."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])

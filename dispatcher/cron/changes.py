@@ -1,0 +1,64 @@
+"""Typed changes to a ledger row: what :meth:`LedgerStore.update` writes.
+
+A :class:`FireChange` names the columns a compare-and-set sets, each typed; a field left at
+:data:`UNSET` is not touched (``None`` stores NULL). The ledger never takes free-form column
+names, so a misspelt column is a type error, not a runtime surprise.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any
+
+from dispatcher.cron.ledger import Status
+from dispatcher.launch.outcome import Outcome
+
+__all__ = ["UNSET", "FireChange", "Unset"]
+
+
+class Unset(enum.Enum):
+    """The type of :data:`UNSET`."""
+
+    UNSET = "unset"
+
+
+UNSET = Unset.UNSET
+"""A :class:`FireChange` field that leaves its column as it is."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FireChange:
+    """The columns one ledger update sets (see the module docstring)."""
+
+    status: Status | Unset = UNSET
+    outcome: Outcome | Unset | None = UNSET
+    error: str | Unset | None = UNSET
+    infrastructure: bool | Unset = UNSET
+    claimant: str | Unset | None = UNSET
+    """A :meth:`~dispatcher.launch.claimant.Claimant.token`."""
+    due_at: float | Unset | None = UNSET
+    jitter: float | Unset = UNSET
+    actual: float | Unset | None = UNSET
+    session_id: str | Unset | None = UNSET
+    placement: str | Unset | None = UNSET
+    started_at: float | Unset | None = UNSET
+    ended_at: float | Unset | None = UNSET
+    exit_code: int | Unset | None = UNSET
+    signal: str | Unset | None = UNSET
+    log_path: str | Unset | None = UNSET
+    on_failure_session: str | Unset | None = UNSET
+
+    def columns(self) -> dict[str, Any]:
+        """The columns this change sets, with their stored values."""
+        found: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is UNSET:
+                continue
+            if isinstance(value, enum.Enum):
+                value = value.value
+            elif isinstance(value, bool):
+                value = int(value)
+            found[item.name] = value
+        return found
