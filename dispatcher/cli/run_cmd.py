@@ -35,6 +35,7 @@ from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, Watc
 from registry.procinfo import MARKER_ENV
 from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
+from scope.foundation.text import quote
 
 DESCRIPTION = (
     "Start CMD ARGS (after --) as a registry session and print its id as the only stdout line. "
@@ -139,10 +140,13 @@ def env_assignments(values: list[str]) -> dict[str, str]:
     for value in values:
         name, sep, text = value.partition("=")
         if not sep or not _ENV_NAME.fullmatch(name):
+            # The name only: what follows '=' may be a secret.
             raise UsageError(
-                f"--env {value!r}: expected NAME=VALUE with NAME made of letters, digits and "
-                "'_', not starting with a digit"
+                f"--env {quote(name)}: expected NAME=VALUE with NAME made of letters, digits "
+                "and '_', not starting with a digit"
             )
+        if "\0" in text:
+            raise UsageError(f"--env {name}: the value holds a NUL byte, which no environment can")
         if name == MARKER_ENV:
             raise UsageError(f"--env {name}: set by dispatch itself (it marks the session)")
         found[name] = text
