@@ -9,8 +9,8 @@ workers are all ``true``. The rules checked for every command line:
 
 * it ends with exit 0, 1 or 2 (``run``/``wait``/``cron run`` may also pass a worker's result
   through: 124 timed out, 127 failed_start); no exception escapes ``main``;
-* stderr holds at most one ``error:`` line, every line starts with ``dispatch:`` and none is
-  longer than 1,000 characters;
+* stderr holds at most one ``error:`` line (``config check`` names every error of a file, one
+  line each), every line starts with ``dispatch:`` and none is longer than 1,000 characters;
 * on exit 2 every file in the state dir is byte-identical to before (SQLite's ``-shm`` index
   excepted: readers update it).
 
@@ -31,7 +31,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.clifuzz import World, command_lines, inside, make_world, problems, seed, snapshot
+from tests.support.clifuzz import (
+    World,
+    command_lines,
+    inside,
+    make_world,
+    problems,
+    run_main,
+    seed,
+    snapshot,
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +64,40 @@ def test_generated_command_lines_end_cleanly(world: World) -> None:
 
     one()
     print(f"cli fuzz: {world.tried} command lines, exits {dict(sorted(world.exits.items()))}")
+
+
+@pytest.mark.parametrize(
+    ("words", "code", "fires", "said"),
+    [
+        (
+            ["--expr", "* * * * *", "--from", "0001-01-01T00:00", "--tz", "Asia/Tokyo"],
+            2,
+            0,
+            "--from",
+        ),
+        (["--expr", "* * * * *", "--from", "0001-01-02T00:00Z", "--tz", "Etc/GMT+12"], 0, 5, ""),
+        (["--expr", "* * * * *", "--from", "9999-12-29T23:58", "--tz", "UTC"], 0, 5, ""),
+        (
+            ["--expr", "59 23 31 12 *", "--from", "9999-01-01", "--tz", "Pacific/Kiritimati"],
+            0,
+            0,
+            "0 of 5",
+        ),
+        (["--expr", "* * * * *", "--from", "9999-12-31T00:00", "--tz", "UTC"], 2, 0, "outside"),
+        (
+            ["--expr", "0 0 * * *", "--from", "9999-12-28", "--count", "9", "--tz", "UTC"],
+            0,
+            3,
+            "3 of 9",
+        ),
+    ],
+)
+def test_from_near_the_ends_of_the_calendar(
+    world: World, words: list[str], code: int, fires: int, said: str
+) -> None:
+    got, out, err = run_main(world, ["cron", "next", *words])
+    assert (got, len(out.splitlines())) == (code, fires), err
+    assert len(err.splitlines()) == (1 if said else 0) and said in err
 
 
 # -- real processes -------------------------------------------------------------------------
