@@ -87,8 +87,8 @@ def test_generated_command_lines_end_cleanly(world: World) -> None:
         (
             ["--expr", "0 0 * * *", "--from", "9999-12-28", "--count", "9", "--tz", "UTC"],
             0,
-            3,
-            "3 of 9",
+            2,
+            "2 of 9",
         ),
     ],
 )
