@@ -69,14 +69,15 @@ def parse(arguments: list[str]) -> argparse.Namespace:
     from dispatcher.cli.groups import chosen_group, unknown_global_option
     from dispatcher.cli.parser import check_text_arguments, safe_message
     from scope.foundation.errors import UsageError
-    from scope.foundation.text import quote
 
     parser = build_parser(arguments)
     if chosen_group(arguments) is None:
         # Without a command argparse would only say "required: COMMAND", hiding the typo.
         unknown = unknown_global_option(arguments)
         if unknown is not None:
-            raise UsageError(f"unrecognized argument: {quote(unknown)} (see 'dispatch --help')")
+            raise UsageError(
+                f"unrecognized argument: {safe_message(unknown, [unknown])} (see 'dispatch --help')"
+            )
     args, extras = parser.parse_known_args(arguments)
     if extras:
         raise UsageError(

@@ -75,7 +75,8 @@ class Parser(argparse.ArgumentParser):
             if unknown is None:
                 raise
             raise UsageError(
-                f"unrecognized argument: {quote(unknown)} (see '{self.prog} --help')"
+                f"unrecognized argument: {safe_message(unknown, [unknown])} "
+                f"(see '{self.prog} --help')"
             ) from None
 
     def _unknown_option(self, args: list[str]) -> str | None:
