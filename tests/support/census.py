@@ -69,18 +69,23 @@ def _target_for(target: Target) -> Target | None:
     )
 
 
-def measure(target: Target, inputs: int) -> tuple[collections.Counter[str], list[str]]:
-    """Outcome counts of ``inputs`` generated texts, and a few examples of wrong/crash."""
-    counts: collections.Counter[str] = collections.Counter()
-    examples: list[str] = []
-
-    @settings(
-        max_examples=inputs,
+def _counting(examples: int) -> settings:
+    """Generate ``examples`` inputs and never shrink: the census counts, it does not hunt."""
+    return settings(
+        max_examples=examples,
         database=None,
         deadline=None,
         phases=[Phase.generate],
         suppress_health_check=list(HealthCheck),
     )
+
+
+def measure(target: Target, inputs: int) -> tuple[collections.Counter[str], list[str]]:
+    """Outcome counts of ``inputs`` generated texts, and a few examples of wrong/crash."""
+    counts: collections.Counter[str] = collections.Counter()
+    examples: list[str] = []
+
+    @_counting(inputs)
     @given(text=target.strategy)
     def run(text: str) -> None:
         kind, err = parsercheck.outcome(target, text)
@@ -117,13 +122,7 @@ def cli(lines: int) -> tuple[int, collections.Counter[str], list[str]]:
         with clifuzz.inside(root):
             clifuzz.seed(world)
 
-            @settings(
-                max_examples=lines,
-                database=None,
-                deadline=None,
-                phases=[Phase.generate],
-                suppress_health_check=list(HealthCheck),
-            )
+            @_counting(lines)
             @given(data=st.data())
             def run(data: st.DataObject) -> None:
                 command, words = data.draw(clifuzz.command_lines(world.ids))
