@@ -13,7 +13,9 @@ ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 def env_kind() -> MapOf:
     """The kind of an ``env:`` mapping (environment names to strings)."""
     return MapOf(
-        Str(nonempty=False), ENV_NAME_PATTERN, "environment names are [A-Za-z_][A-Za-z0-9_]*"
+        Str(r"[^\0]*", "an environment value cannot hold a NUL byte", nonempty=False, secret=True),
+        ENV_NAME_PATTERN,
+        "environment names are [A-Za-z_][A-Za-z0-9_]*",
     )
 
 
@@ -43,7 +45,11 @@ def shell_setting() -> Any:
 
 def cwd_setting() -> Any:
     """``cwd``: the worker's working directory."""
-    return setting(None, kind=Optional(Str()), doc="Working directory (default: the state dir).")
+    return setting(
+        None,
+        kind=Optional(Str(r"[^\0]+", "a path cannot hold a NUL byte")),
+        doc="Working directory (default: the state dir).",
+    )
 
 
 def env_setting() -> Any:
@@ -55,7 +61,7 @@ def env_file_setting() -> Any:
     """``env_file``: NAME=value lines, ours and 0600."""
     return setting(
         None,
-        kind=Optional(Str()),
+        kind=Optional(Str(r"[^\0]+", "a path cannot hold a NUL byte")),
         doc="File of NAME=value lines added to the environment; must be ours and mode 0600.",
     )
 

@@ -4,9 +4,12 @@ The file usually holds secrets, so it must be a regular file owned by the user d
 as, with no group or other permission bits (mode 0600 or stricter). The check is made on the
 opened file descriptor, so swapping the file between the check and the read changes nothing.
 
-Format: one ``NAME=value`` per line; blank lines and lines starting with ``#`` are ignored; an
-optional leading ``export`` is accepted; a value wrapped in matching single or double quotes loses
-the quotes. Nothing is expanded and nothing passes through a shell.
+Format: one ``NAME=value`` per line (lines end at ``\n``, a ``\r`` before it is dropped);
+blank lines and lines starting with ``#`` are ignored; an optional leading ``export`` is
+accepted; spaces and tabs around the name and the value are dropped (only ASCII ones: a no-break
+space is part of the value); a value wrapped in matching single or double quotes loses the
+quotes. ``NAME`` is ``[A-Za-z_][A-Za-z0-9_]*`` in ASCII. Nothing is expanded and nothing passes
+through a shell. Error lines name the line number, never its text (values are secrets).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import re
 import stat
 
 from dispatcher.errors import EnvFileError
+from scope.foundation.text import BLANKS, strip_blanks
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_BYTES = 1024 * 1024
@@ -61,21 +65,23 @@ def read_env_file(path: str, *, uid: int | None = None) -> dict[str, str]:
 def parse_env_text(text: str, path: str = "<env_file>") -> dict[str, str]:
     """Parse ``NAME=value`` lines (see the module docstring)."""
     found: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
+    # split("\n"), not splitlines(): that also breaks at \v, \f, \x1c-\x1e, \x85 and
+    # U+2028, which may sit inside a value.
+    for number, line in enumerate(text.split("\n"), start=1):
+        stripped = strip_blanks(line.removesuffix("\r"))
         if not stripped or stripped.startswith("#"):
             continue
-        if stripped.startswith("export "):
-            stripped = stripped[len("export ") :].lstrip()
+        if stripped.startswith("export") and stripped[6:7] in tuple(BLANKS):
+            stripped = strip_blanks(stripped[6:])
         name, equals, value = stripped.partition("=")
-        name = name.strip()
+        name = strip_blanks(name)
         if not equals or not _NAME.fullmatch(name):
             raise EnvFileError(
                 path,
                 f"line {number}: expected NAME=value with NAME like [A-Za-z_][A-Za-z0-9_]*",
                 line=number,
             )
-        value = value.strip()
+        value = strip_blanks(value)
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
         if "\0" in value:

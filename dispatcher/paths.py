@@ -8,6 +8,7 @@ from pathlib import Path
 
 from registry.state import ensure_private_dir
 from scope.foundation.errors import UsageError
+from scope.foundation.text import quote
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:
@@ -21,9 +22,17 @@ def default_state_dir(environ: Mapping[str, str]) -> Path:
 def resolve_state_dir(explicit: str | None, environ: Mapping[str, str]) -> Path:
     """``--state-dir``, else ``DISPATCH_STATE_DIR``, else the default; not created here."""
     chosen = explicit or environ.get("DISPATCH_STATE_DIR") or None
-    if chosen:
-        return Path(chosen).expanduser().absolute()
-    return default_state_dir(environ)
+    path = Path(chosen).expanduser().absolute() if chosen else default_state_dir(environ)
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        # Paths under the state dir are stored as text (the board, the cron ledger, which
+        # may live in PostgreSQL); a name with bytes that are not UTF-8 cannot be.
+        raise UsageError(
+            f"state dir {quote(str(path))} is not a UTF-8 path",
+            remedy="pass --state-dir (or DISPATCH_STATE_DIR) naming a directory in UTF-8",
+        ) from None
+    return path
 
 
 def prepare_state_dir(path: Path) -> Path:

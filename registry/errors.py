@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from scope.foundation.errors import DispatchError, UsageError
+from scope.foundation.text import quote
 
 
 class RegistryError(DispatchError):
@@ -72,6 +73,6 @@ class AmbiguousId(UsageError):
         more = len(self.fields["candidates"]) - 10
         tail = f" and {more} more" if more > 0 else ""
         return (
-            f"ambiguous {self.fields['kind']} id {self.fields['prefix']!r}: matches "
+            f"ambiguous {self.fields['kind']} id {quote(self.fields['prefix'])}: matches "
             f"{shown}{tail}; give more characters"
         )

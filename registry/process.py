@@ -71,6 +71,7 @@ from registry.viewing import EXACT_CUT_BYTES, Viewer
 from scope.abc import Scoper
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.text import quote, strip_blanks
 
 __all__ = [
     "EXACT_CUT_BYTES",
@@ -201,12 +202,12 @@ class ProcessRegistry(Registry):
         return self.reconciler.refresh(self.parts.load(session_id)).session
 
     def resolve(self, prefix: str) -> Session:
-        text = prefix.strip()
+        text = strip_blanks(prefix)
         body = text.removeprefix("s_")
         # "At least 4 characters" of the id as typed: s_3f9a and 3f9a both qualify.
         if len(text) < 4 or not body:
             raise UsageError(
-                f"session id {prefix!r} is too short",
+                f"session id {quote(prefix)} is too short",
                 remedy="give at least 4 characters of the id (see 'dispatch ps --all')",
             )
         if not set(body) <= _HEX:

@@ -17,6 +17,7 @@ handoff with the owner change.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -119,7 +120,7 @@ def _row_to_stored(row: sqlite3.Row) -> StoredSession:
     session = Session(
         id=row["id"],
         argv=tuple(json.loads(row["argv"])),
-        cwd=row["cwd"],
+        cwd=_path_text(row["cwd"]),
         owner=Owner(kind=row["owner_kind"], id=row["owner_id"]),
         caller=CallerKind(row["caller"]),
         placement=Placement(row["placement"]),
@@ -184,7 +185,7 @@ class SessionStore:
                 (
                     session.id,
                     json.dumps(list(session.argv)),
-                    session.cwd,
+                    _path_value(session.cwd),
                     session.owner.kind,
                     session.owner.id,
                     session.caller.value,
@@ -540,3 +541,19 @@ def _column_value(value: Any) -> Any:
     if isinstance(value, Mapping):
         return json.dumps(dict(value))
     return value
+
+
+def _path_value(path: str) -> str | bytes:
+    """A working directory for its TEXT column: as text, or as its bytes (a BLOB) when it
+    holds bytes that are not UTF-8 (such a name reaches Python with lone surrogates, which
+    SQLite cannot take as text); :func:`_path_text` reverses both. (The state dir, and so
+    every path under it, is UTF-8: see dispatcher/paths.py.)"""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(path)
+    return path
+
+
+def _path_text(value: str | bytes) -> str:
+    return os.fsdecode(value) if isinstance(value, bytes) else value

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.leaks import leak_guard
 from tests.support.postgres import cluster_db, pg_url, postgres_server
@@ -24,6 +27,24 @@ __all__ = [
 ]
 
 pytest_plugins = ("pytester",)
+
+# Property tests (tests/test_props_*.py, tests/test_cli_fuzz.py): bounded example counts, no
+# deadline (this machine is shared and slow at times), no example database (nothing is written
+# into the checkout). CI (DISPATCH_REQUIRE_SYSTEMD=1) runs the same examples every time;
+# HYPOTHESIS_PROFILE=thorough runs many more, by hand.
+settings.register_profile(
+    "dispatch",
+    max_examples=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("ci", parent=settings.get_profile("dispatch"), derandomize=True)
+settings.register_profile("thorough", parent=settings.get_profile("dispatch"), max_examples=2000)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE")
+    or ("ci" if os.environ.get("DISPATCH_REQUIRE_SYSTEMD") == "1" else "dispatch")
+)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
+from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, path_arg
 from dispatcher.config import LoadedConfig, load_config, read_config_text
 from dispatcher.settings import SCHEMA
 from scope.foundation.errors import ConfigError
@@ -30,7 +30,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         "the state dir. Every error is reported, one line each naming the file and line (exit "
         "2); a cron job or assignee whose program is not on PATH is a warning (exit 0).",
     )
-    check.add_argument("file", nargs="?", metavar="FILE", help="the file to check")
+    check.add_argument("file", nargs="?", type=path_arg, metavar="FILE", help="the file to check")
     check.set_defaults(handler=handle_check)
     show = subs.add_parser(
         "show",

@@ -11,7 +11,6 @@ running).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import signal
 import threading
 from collections.abc import Sequence
@@ -20,24 +19,27 @@ from typing import TYPE_CHECKING, Any
 from dispatcher.app.clusterstate import open_cluster_state
 from dispatcher.app.cronjobs import CronJobs
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
+from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, int_arg
 from dispatcher.cron.crontab import parse as parse_crontab
 from dispatcher.cron.ledger import FireRecord, Ledger
 from dispatcher.cron.report import iso_in, row_entry
-from dispatcher.cron.timeline import CronSchedule, Schedule
+from dispatcher.cron.timeline import EARLIEST, LATEST, CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
 from dispatcher.gateway.statusfile import scheduler_zone
 from dispatcher.launch.outcome import Outcome
 from dispatcher.timefmt import TimeView
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
-from scope.foundation.errors import UsageError
+from scope.foundation.errors import Invalid, UsageError
 from scope.foundation.schema import format_duration
+from scope.foundation.text import quote
+from scope.foundation.values import ISO_HINT, parse_iso_time
 
 if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
 
 MAX_COUNT = 1000
+MAX_LIMIT = 1_000_000
 _EPOCH_KEYS = ("next_fire_at", "last_fire_at")
 
 
@@ -64,7 +66,13 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     nxt.add_argument("--expr", metavar="EXPR", help="a crontab expression instead of a job")
     nxt.add_argument("--tz", metavar="ZONE", help="IANA zone for --expr (default: the host's)")
     nxt.add_argument("--from", dest="start", metavar="ISO", help="start after this instant")
-    nxt.add_argument("--count", type=int, default=5, metavar="N", help="how many (1-1000)")
+    nxt.add_argument(
+        "--count",
+        type=int_arg(1, MAX_COUNT),
+        default=5,
+        metavar="N",
+        help=f"how many (1-{MAX_COUNT}); fewer when the schedule reaches year 9999 first",
+    )
     nxt.set_defaults(handler=handle_next)
 
     run = subs.add_parser("run", parents=[common], help="Fire a job now (its own manual fire key).")
@@ -74,7 +82,9 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 
     history = subs.add_parser("history", parents=[common], help="Ledger rows, newest first.")
     history.add_argument("job_id", nargs="?", metavar="JOB_ID", help="only this job's rows")
-    history.add_argument("--limit", type=int, default=50, metavar="N", help="rows (default 50)")
+    history.add_argument(
+        "--limit", type=int_arg(1, MAX_LIMIT), default=50, metavar="N", help="rows (default 50)"
+    )
     history.set_defaults(handler=handle_history)
 
     for name, verb in (("pause", "Pause"), ("resume", "Resume")):
@@ -199,8 +209,6 @@ def handle_next(args: argparse.Namespace, ctx: Context) -> int:
     """``dispatch cron next``."""
     if (args.job_id is None) == (args.expr is None):
         raise UsageError("give either JOB_ID or --expr EXPR (see 'dispatch cron next --help')")
-    if not 1 <= args.count <= MAX_COUNT:
-        raise UsageError(f"--count must be between 1 and {MAX_COUNT}, got {args.count}")
     schedule: Schedule
     if args.expr is not None:
         zone_name = args.tz or host_zone_name(ctx.environ)
@@ -218,20 +226,31 @@ def handle_next(args: argparse.Namespace, ctx: Context) -> int:
     else:
         for text in texts:
             ctx.out(str(text))
+    if len(instants) < args.count:
+        # Not an error: the calendar ends (year 9999) before the schedule does.
+        last = f"; the last is {texts[-1]}" if texts else ""
+        ctx.warn(
+            f"only {len(instants)} of {args.count} fires exist before the end of the "
+            f"computable calendar ({_UNTIL}){last}"
+        )
     return 0
+
+
+_UNTIL = "9999-12-30"
+_RANGE = f"0001-01-02T00:00Z to {_UNTIL}T00:00Z"
 
 
 def _parse_from(text: str, zone_name: str) -> float:
     try:
-        moment = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
+        at = parse_iso_time(text, load_zone(zone_name)).timestamp()
+    except Invalid as err:
+        raise UsageError(f"--from: {err.problem}") from None
+    if not EARLIEST <= at <= LATEST:
         raise UsageError(
-            f"--from: invalid ISO-8601 time {text!r}; use e.g. 2026-03-29T01:00 or "
-            "2026-03-29T01:00:00+01:00"
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=load_zone(zone_name))
-    return moment.timestamp()
+            f"--from {quote(text)}: outside the times cron computes ({_RANGE})",
+            remedy=f"give a time in that range ({ISO_HINT})",
+        )
+    return at
 
 
 # -- pause / resume --------------------------------------------------------------------------
@@ -262,8 +281,6 @@ def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
 
 def handle_history(args: argparse.Namespace, ctx: Context) -> int:
     """``dispatch cron history``."""
-    if args.limit < 1:
-        raise UsageError(f"--limit must be at least 1, got {args.limit}")
     jobs = _jobs(ctx)
     if args.job_id is not None:
         jobs.check_known(args.job_id)

@@ -12,7 +12,7 @@ from typing import Any
 
 from dispatcher.app.runtime import policy_of
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group, path_arg
 from dispatcher.gateway.clusterview import cluster_check, cluster_lines
 from dispatcher.gateway.doctor import doctor_report
 from scope import open_scoper
@@ -28,6 +28,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     parser.add_argument(
         "--unit",
         action="append",
+        type=path_arg,
         default=[],
         metavar="FILE",
         help="also check this unit file (installed dispatch*.service files are always checked)",

@@ -17,7 +17,14 @@ from pathlib import Path
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
 from dispatcher.cli.options import positive_int, watch_options, watched
-from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
+from dispatcher.cli.parser import (
+    Parser,
+    Subparsers,
+    add_group,
+    add_subgroups,
+    int_arg,
+    path_arg,
+)
 from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     SORT_KEYS,
@@ -34,6 +41,8 @@ from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+PRIORITY = int_arg(-(10**9), 10**9)
+FAILURE_LIMIT = int_arg(1, 10**6)
 CARD_HELP = "card id or a unique prefix (at least 4 characters)"
 
 
@@ -51,7 +60,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     add.add_argument("title", metavar="TITLE", help="the card's title")
     add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
     _body_options(add)
-    add.add_argument("--priority", type=int, default=0, metavar="N", help="higher = sooner")
+    add.add_argument("--priority", type=PRIORITY, default=0, metavar="N", help="higher = sooner")
     add.add_argument(
         "--parent",
         action="append",
@@ -60,7 +69,9 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         help="a card that must be done first (repeatable)",
     )
     add.add_argument("--idempotency-key", metavar="K", help="adding the same key again is a no-op")
-    add.add_argument("--failure-limit", type=int, metavar="N", help="override kanban.failure_limit")
+    add.add_argument(
+        "--failure-limit", type=FAILURE_LIMIT, metavar="N", help="override kanban.failure_limit"
+    )
 
     _list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
 
@@ -71,14 +82,19 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     edit.add_argument("id", metavar="ID", help=CARD_HELP)
     edit.add_argument("--title", help="a new title")
     _body_options(edit)
-    edit.add_argument("--priority", type=int, metavar="N", help="a new priority (higher = sooner)")
+    edit.add_argument(
+        "--priority", type=PRIORITY, metavar="N", help="a new priority (higher = sooner)"
+    )
     edit.add_argument("--assignee", metavar="NAME", help="another kanban.assignees name")
     edit.add_argument(
-        "--failure-limit", type=int, metavar="N", help="override kanban.failure_limit for it"
+        "--failure-limit",
+        type=FAILURE_LIMIT,
+        metavar="N",
+        help="override kanban.failure_limit for it",
     )
 
     tick = sub("tick", "Run one dispatcher pass (for a Type=oneshot unit or cron).", handle_tick)
-    tick.add_argument("--max", type=int, metavar="N", help="claim at most N cards")
+    tick.add_argument("--max", type=int_arg(0, 10**6), metavar="N", help="claim at most N cards")
     tick.add_argument(
         "--dry-run", action="store_true", help="show what would start; change nothing"
     )
@@ -155,7 +171,9 @@ def _list_options(ls: Parser) -> None:
 def _body_options(parser: Parser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--body", metavar="TEXT", help="the card's body (the worker's brief)")
-    group.add_argument("--body-file", metavar="F", help="read the body from F ('-': stdin)")
+    group.add_argument(
+        "--body-file", type=path_arg, metavar="F", help="read the body from F ('-': stdin)"
+    )
 
 
 def _worker_options(parser: Parser) -> None:

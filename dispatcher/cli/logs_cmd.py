@@ -20,7 +20,7 @@ from typing import BinaryIO
 from dispatcher.app.runtime import Runtime, runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.options import since_arg
-from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group, int_arg
 from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import exit_status
 from dispatcher.errors import DispatcherError
@@ -54,7 +54,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         help="keep printing until the session ends, then exit with its result (its exit code, "
         "128+N for signal N); with --json one JSON object per line",
     )
-    parser.add_argument("--tail", metavar="N", type=int, help="only the last N lines")
+    parser.add_argument("--tail", metavar="N", type=int_arg(0, 10**9), help="only the last N lines")
     parser.add_argument(
         "--since",
         metavar="WHEN",

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # typing costs the CLI's start-up
     from dispatcher.cli.context import Context
     from dispatcher.cli.parser import Parser
     from scope.foundation.clock import Clock
+    from scope.foundation.errors import DispatchError
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -66,6 +67,7 @@ def parse(arguments: list[str]) -> argparse.Namespace:
     """Parse a command line; every usage error names the problem and points at the help of
     the innermost command it concerns (``see 'dispatch kanban add --help'``)."""
     from dispatcher.cli.groups import chosen_group, unknown_global_option
+    from dispatcher.cli.parser import check_text_arguments, safe_message
     from scope.foundation.errors import UsageError
 
     parser = build_parser(arguments)
@@ -73,13 +75,16 @@ def parse(arguments: list[str]) -> argparse.Namespace:
         # Without a command argparse would only say "required: COMMAND", hiding the typo.
         unknown = unknown_global_option(arguments)
         if unknown is not None:
-            raise UsageError(f"unrecognized argument: {unknown} (see 'dispatch --help')")
+            raise UsageError(
+                f"unrecognized argument: {safe_message(unknown, [unknown])} (see 'dispatch --help')"
+            )
     args, extras = parser.parse_known_args(arguments)
     if extras:
         raise UsageError(
-            f"unrecognized arguments: {' '.join(extras)} "
+            f"unrecognized arguments: {safe_message(' '.join(extras), extras)} "
             f"(see '{command_path(args, arguments)} --help')"
         )
+    check_text_arguments(parser, args)
     return args
 
 
@@ -119,7 +124,7 @@ def main(
         # logging, the database driver or the command's modules are imported.
         args = parse(arguments)
     except DispatchError as err:
-        print(f"dispatch: error: {err.message}", file=sys.stderr)
+        _print_error(err)
         return err.exit_code
     return _run(args, environ, clock)
 
@@ -145,7 +150,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock | No
         ctx.stdout.flush()
         return int(status or 0)
     except DispatchError as err:
-        print(f"dispatch: error: {err.message}", file=sys.stderr)
+        _print_error(err)
         return err.exit_code
     except sqlite3.DatabaseError as err:
         # Store queries raise sqlite3 errors for a damaged or foreign database: one line, no
@@ -165,6 +170,14 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock | No
         if ctx is not None:
             ctx.close()
         logging.getLogger("dispatch").removeHandler(handler)
+
+
+def _print_error(err: DispatchError) -> None:
+    """The one stderr line of an error; escaped and bounded whatever the message holds (its
+    parts quote user text already; this is the backstop)."""
+    from scope.foundation.text import one_line
+
+    print(f"dispatch: error: {one_line(err.message)}", file=sys.stderr)
 
 
 def _diagnostics_handler() -> logging.Handler:
@@ -204,6 +217,12 @@ def entry() -> None:
         from dispatcher.cli.completion import entry_hook
 
         entry_hook()
+    # Names that came from the OS as bytes (argv, paths) and are not UTF-8 reach Python as
+    # lone surrogates; write them back as the same bytes instead of failing on output.
+    # (stderr already escapes them with backslashes.)
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="surrogateescape")
     sys.exit(main())
 
 

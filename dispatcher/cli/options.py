@@ -10,7 +10,6 @@ ends it with exit status 130 and nothing else on stderr.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import io
 import shlex
 import sys
@@ -18,9 +17,13 @@ import time
 from collections.abc import Callable
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser
+from dispatcher.cli.parser import Parser, int_arg
 from scope.foundation.errors import UsageError
 from scope.foundation.schema import Invalid, parse_duration
+from scope.foundation.text import quote
+from scope.foundation.values import ISO_HINT, parse_iso_time
+
+MAX_COUNT = 10**9
 
 WATCH_DEFAULT = 2.0
 WATCH_MIN = 0.2
@@ -31,24 +34,11 @@ CLEAR_LINE = "\x1b[K"
 CLEAR_BELOW = "\x1b[J"
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type``: an integer >= 1."""
-    return _bounded_int(text, 1)
+positive_int = int_arg(1, MAX_COUNT)
+"""argparse ``type``: a whole number 1 to 10^9 in ASCII digits."""
 
-
-def count_int(text: str) -> int:
-    """argparse ``type``: an integer >= 0."""
-    return _bounded_int(text, 0)
-
-
-def _bounded_int(text: str, least: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
-    return value
+count_int = int_arg(0, MAX_COUNT)
+"""argparse ``type``: a whole number 0 to 10^9 in ASCII digits."""
 
 
 def since_arg(text: str, now: float) -> float:
@@ -59,15 +49,13 @@ def since_arg(text: str, now: float) -> float:
     except Invalid:
         pass
     try:
-        moment = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
+        moment = parse_iso_time(text, None)
+        return (moment if moment.tzinfo else moment.astimezone()).timestamp()
+    except (Invalid, OverflowError, ValueError, OSError):
         raise UsageError(
-            f"--since {text!r}: give a duration (30m, 2h, 1d) or an ISO-8601 time "
-            "(2026-11-30T09:00 or 2026-11-30T09:00:00+01:00)"
+            f"--since {quote(text)}: give a duration (30m, 2h, 1d) or an ISO-8601 time "
+            f"between the years 1 and 9999 ({ISO_HINT})"
         ) from None
-    if moment.tzinfo is None:
-        moment = moment.astimezone()
-    return moment.timestamp()
 
 
 def watch_options(parser: Parser) -> None:
@@ -97,10 +85,10 @@ def interval_of(args: argparse.Namespace) -> float:
     try:
         seconds = parse_duration(args.interval)
     except Invalid as err:
-        raise UsageError(f"--interval {args.interval!r}: {err.problem}") from None
+        raise UsageError(f"--interval: {err.problem}") from None
     if not WATCH_MIN <= seconds <= WATCH_MAX:
         raise UsageError(
-            f"--interval {args.interval!r}: give {WATCH_MIN:g} to {WATCH_MAX:g} seconds"
+            f"--interval {quote(args.interval)}: give {WATCH_MIN:g} to {WATCH_MAX:g} seconds"
         )
     return seconds
 

@@ -1,15 +1,24 @@
 """argparse tuned to the CLI conventions: one-line usage errors with exit 2, global options
-accepted before or after the subcommand."""
+accepted before or after the subcommand, user text quoted safely in errors, ASCII numbers, and
+text arguments that must be valid UTF-8."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dispatcher.cli.groups import GROUPS
-from scope.foundation.errors import UsageError
+from scope.foundation.errors import Invalid, UsageError
+from scope.foundation.text import QUOTE_LIMIT, parse_int, quote
+
+BYTES_OK = frozenset({"config", "state_dir", "cwd", "body_file", "file", "unit", "command"})
+"""Destinations that take paths or a command's words: bytes that are not UTF-8 (which reach
+Python as lone surrogates) are legitimate there and passed on unchanged. Every other text
+argument must be UTF-8, because it is stored, matched or shown as text."""
+PATH_MAX = 4096
+NAME_MAX = 255
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs the CLI's start-up
@@ -48,14 +57,17 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", Formatter)
         super().__init__(*args, **kwargs)
 
+    _seen: Sequence[str] = ()
+
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message} (see '{self.prog} --help')")
+        raise UsageError(f"{safe_message(message, self._seen)} (see '{self.prog} --help')")
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         """As argparse's, except that a mistyped option is named even when argparse would
         first complain about a missing required argument (``kanban add --bogus x``)."""
+        self._seen = list(args or ())  # for error(): argparse repeats raw arguments
         try:
             return super().parse_known_args(args, namespace)
         except UsageError:
@@ -63,7 +75,8 @@ class Parser(argparse.ArgumentParser):
             if unknown is None:
                 raise
             raise UsageError(
-                f"unrecognized argument: {unknown} (see '{self.prog} --help')"
+                f"unrecognized argument: {safe_message(unknown, [unknown])} "
+                f"(see '{self.prog} --help')"
             ) from None
 
     def _unknown_option(self, args: list[str]) -> str | None:
@@ -121,12 +134,14 @@ def global_options() -> Parser:
     group = common.add_argument_group("global options")
     group.add_argument(
         "--config",
+        type=path_arg,
         metavar="FILE",
         default=argparse.SUPPRESS,
         help="config file (env DISPATCH_CONFIG; default $XDG_CONFIG_HOME/dispatch/config.yaml)",
     )
     group.add_argument(
         "--state-dir",
+        type=path_arg,
         metavar="DIR",
         default=argparse.SUPPRESS,
         help="state directory (env DISPATCH_STATE_DIR; default $XDG_STATE_HOME/dispatch)",
@@ -161,3 +176,82 @@ def add_subgroups(parser: Parser, dest: str) -> Subparsers:
     subs = parser.add_subparsers(dest=dest, metavar="COMMAND", parser_class=Parser)
     subs.required = True
     return subs
+
+
+def int_arg(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type=`` for a whole number in ASCII digits within ``low``..``high``
+    (``int`` would take Arabic-Indic digits, ``1_000`` and 5,000-digit numbers)."""
+
+    def integer(text: str) -> int:
+        try:
+            return parse_int(text, low=low, high=high)
+        except Invalid as err:
+            raise argparse.ArgumentTypeError(err.problem) from None
+
+    return integer
+
+
+def path_arg(text: str) -> str:
+    """An argparse ``type=`` for a file or directory name: any bytes but NUL, within the
+    kernel's limits (4096 bytes, 255 per name), so no later ``stat`` fails on the name itself."""
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{quote(text)} contains a NUL byte; give a real path")
+    raw = os.fsencode(text)
+    if len(raw) >= PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        raise argparse.ArgumentTypeError(
+            f"{quote(text)} is longer than a path can be ({PATH_MAX} bytes, {NAME_MAX} per name)"
+        )
+    return text
+
+
+def check_text_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """UsageError naming the first text argument that holds bytes that are not UTF-8 (see
+    :data:`BYTES_OK` for the arguments that may)."""
+    for dest, value in vars(args).items():
+        if dest not in BYTES_OK and _undecodable(value):
+            name = _option_names(parser).get(dest, dest)
+            raise UsageError(
+                f"argument {name}: contains bytes that are not UTF-8",
+                remedy="give the value as UTF-8 text",
+            )
+
+
+def safe_message(message: str, seen: Sequence[str]) -> str:
+    """``message`` with every long or unprintable argument of ``seen`` that it repeats
+    replaced by a short escaped quote (argparse echoes values whole: a 100 KB value, a 100 KB
+    line)."""
+    risky: set[str] = set()
+    for arg in seen:
+        for piece in (arg, arg.partition("=")[2]):
+            if len(piece) > QUOTE_LIMIT or (piece and not piece.isprintable()):
+                risky.add(piece)
+    for piece in sorted(risky, key=len, reverse=True):
+        message = message.replace(repr(piece), quote(piece)).replace(piece, quote(piece))
+    return message
+
+
+def _undecodable(value: object) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, list | tuple):
+        return any(_undecodable(item) for item in value)
+    return False
+
+
+def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Destination -> how the user spells it (``--title``, ``TITLE``), subcommands included."""
+    names: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                for dest, name in _option_names(sub).items():
+                    names.setdefault(dest, name)
+        elif action.option_strings:
+            names.setdefault(action.dest, action.option_strings[-1])
+        else:
+            names.setdefault(action.dest, str(action.metavar or action.dest))
+    return names

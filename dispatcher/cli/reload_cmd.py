@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group, int_arg
 from dispatcher.cli.wait_cmd import duration_arg
 from dispatcher.timefmt import iso
 
@@ -32,7 +32,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     )
     parser.add_argument(
         "--pid",
-        type=int,
+        type=int_arg(1, 2**31 - 1),
         metavar="PID",
         help="only if the serve holding the state dir is this pid (ExecReload=: $MAINPID)",
     )

@@ -28,13 +28,14 @@ import re
 from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.logs_cmd import stream
-from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.cli.parser import Parser, Subparsers, add_group, path_arg
 from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, report
 from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, WatchPattern
 from registry.procinfo import MARKER_ENV
 from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
+from scope.foundation.text import quote
 
 DESCRIPTION = (
     "Start CMD ARGS (after --) as a registry session and print its id as the only stdout line. "
@@ -55,7 +56,9 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         description=DESCRIPTION,
     )
     parser.add_argument("--pty", action="store_true", help="run on a pseudo-terminal")
-    parser.add_argument("--cwd", metavar="DIR", help="working directory (default: the current)")
+    parser.add_argument(
+        "--cwd", type=path_arg, metavar="DIR", help="working directory (default: the current)"
+    )
     parser.add_argument(
         "--wait", action="store_true", help="wait for the worker; exit with its result"
     )
@@ -137,10 +140,13 @@ def env_assignments(values: list[str]) -> dict[str, str]:
     for value in values:
         name, sep, text = value.partition("=")
         if not sep or not _ENV_NAME.fullmatch(name):
+            # The name only: what follows '=' may be a secret.
             raise UsageError(
-                f"--env {value!r}: expected NAME=VALUE with NAME made of letters, digits and "
-                "'_', not starting with a digit"
+                f"--env {quote(name)}: expected NAME=VALUE with NAME made of letters, digits "
+                "and '_', not starting with a digit"
             )
+        if "\0" in text:
+            raise UsageError(f"--env {name}: the value holds a NUL byte, which no environment can")
         if name == MARKER_ENV:
             raise UsageError(f"--env {name}: set by dispatch itself (it marks the session)")
         found[name] = text

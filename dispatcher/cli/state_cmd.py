@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
+from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, path_arg
 from dispatcher.errors import GatewayError
 from registry.backup import Integrity, backup, integrity, restore
 from registry.state import DB_NAME
@@ -36,14 +36,14 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         parents=[common],
         help="Copy the state database to FILE (consistent while serve runs; mode 0600).",
     )
-    save.add_argument("file", help="the backup file to create (must not exist)")
+    save.add_argument("file", type=path_arg, help="the backup file to create (must not exist)")
     save.set_defaults(handler=handle_backup)
     back = subs.add_parser(
         "restore",
         parents=[common],
         help="Put a backup in place (serve must be stopped); the old file is kept aside.",
     )
-    back.add_argument("file", help="a file made by 'dispatch state backup'")
+    back.add_argument("file", type=path_arg, help="a file made by 'dispatch state backup'")
     back.set_defaults(handler=handle_restore)
     move = subs.add_parser(
         "migrate",

@@ -8,8 +8,8 @@ import argparse
 from typing import Any
 
 from dispatcher.cli.context import Context
-from dispatcher.cli.options import count_int, watch_options, watched
-from dispatcher.cli.parser import Parser, Subparsers, add_group
+from dispatcher.cli.options import watch_options, watched
+from dispatcher.cli.parser import Parser, Subparsers, add_group, int_arg
 from dispatcher.timefmt import TimeView, iso, span
 from registry.errors import StateError
 
@@ -19,7 +19,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     parser = add_group(subparsers, "status", common)
     parser.add_argument(
         "--fires",
-        type=count_int,
+        type=int_arg(0, 1000),
         default=5,
         metavar="N",
         help="how many next cron fires to show (default 5; 0 for none)",

@@ -47,7 +47,7 @@ def duration_arg(value: str | None, flag: str = "--timeout") -> float | None:
     try:
         return parse_duration(value)
     except Invalid as err:
-        raise UsageError(f"{flag} {value!r}: {err.problem}") from None
+        raise UsageError(f"{flag}: {err.problem}") from None
 
 
 def exit_status(session: Session) -> int:

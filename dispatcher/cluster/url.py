@@ -9,6 +9,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit, urlunsplit
 
 from scope.foundation.errors import ConfigError
+from scope.foundation.text import quote
 
 
 def redact(url: str) -> str:
@@ -32,7 +33,7 @@ def check_url(url: str) -> str:
         scheme = ""
     if scheme not in ("postgresql", "postgres"):
         raise ConfigError(
-            f"not a postgresql:// URL: {redact(url)!r}",
+            f"not a postgresql:// URL: {quote(redact(url))}",
             key="cluster.database",
             remedy="write it as postgresql://USER@HOST:PORT/DBNAME",
         )

@@ -16,9 +16,14 @@ Semantics (as cronie's ``entry.c`` implements them):
 * macros: ``@yearly``/``@annually`` = ``0 0 1 1 *``, ``@monthly`` = ``0 0 1 * *``, ``@weekly`` =
   ``0 0 * * 0``, ``@daily``/``@midnight`` = ``0 0 * * *``, ``@hourly`` = ``0 * * * *``.
 
-Stricter than cronie, on purpose (a schedule that silently never fires is a trap): a reversed
-range (``5-1``) and a day-of-month/month combination that never exists (``0 0 30 2 *``) are
-errors.
+The text is ASCII: numbers are ``[0-9]`` only (at most :data:`MAX_DIGITS` digits), fields are
+separated by spaces and tabs only, so a no-break space, a fullwidth or Arabic-Indic digit or a
+superscript is an error, as it is for cronie. A reversed range (``5-1``) is an error (cronie
+rejects it too). Stricter than cronie, on purpose (a schedule that silently never fires is a
+trap): a day-of-month/month combination that never exists (``0 0 30 2 *``) is an error.
+
+Matching is bounded: :meth:`CronExpr.next_match` never looks past :data:`LAST_DAY` (the last
+day whose every wall time is representable in every zone) and answers None there.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from dispatcher.cron.errors import CronExpressionError
+from scope.foundation.text import is_digits, quote, split_blanks, strip_blanks
 
 MACROS = {
     "@yearly": "0 0 1 1 *",
@@ -48,6 +54,13 @@ _MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 # A matching date that exists at all recurs within 28 years (the weekday/leap-year cycle), and
 # every month-skipping step below moves at least a day, so this bounds every search.
 _HORIZON_DAYS = 366 * 29
+
+MAX_DIGITS = 9
+"""Digits one number of an expression may have (leading zeros included)."""
+
+LAST_DAY = dt.date(9999, 12, 30)
+"""The last day matched: one day short of ``date.max``, so a wall time on it stays
+representable after any zone's offset is applied."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,15 +119,23 @@ class CronExpr:
             return False
         return self.day_matches(wall.date())
 
-    def next_match(self, start: dt.datetime) -> dt.datetime | None:
-        """The first matching whole minute at or after the naive ``start`` (None: no match in
-        the search horizon, which cannot happen for an expression that parsed)."""
+    def next_match(self, start: dt.datetime, last: dt.date = LAST_DAY) -> dt.datetime | None:
+        """The first matching whole minute at or after the naive ``start`` and on or before the
+        day ``last`` (at most :data:`LAST_DAY`); None when there is none (an expression that
+        parsed always matches within 28 years, so None means the bound was reached)."""
+        last = min(last, LAST_DAY)
         if start.second or start.microsecond:
+            if start.date() > last:
+                return None
             start = start.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
         day = start.date()
         first = (start.hour, start.minute)
         for _ in range(_HORIZON_DAYS):
+            if day > last:
+                return None
             if day.month not in self.months:
+                if day.year == last.year and day.month == 12:
+                    return None  # the next month is past date.max
                 day = _first_of_next_month(day)
                 first = (0, 0)
                 continue
@@ -146,17 +167,20 @@ class CronExpr:
 
 def parse(text: str) -> CronExpr:
     """Parse a crontab expression or macro; raises :class:`CronExpressionError` (one line)."""
-    if not isinstance(text, str) or not text.strip():
-        raise CronExpressionError(str(text), "the expression is empty")
-    stripped = text.strip()
+    if not isinstance(text, str):
+        raise CronExpressionError(repr(text), "expected a string")
+    stripped = strip_blanks(text)
+    if not stripped:
+        raise CronExpressionError(text, "the expression is empty")
     expanded = stripped
     if stripped.startswith("@"):
         expanded = _macro(stripped)
-    parts = expanded.split()
+    parts = split_blanks(expanded)
     if len(parts) != 5:
         raise CronExpressionError(
             stripped,
-            f"expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}",
+            f"expected 5 fields (minute hour day-of-month month day-of-week) separated by "
+            f"spaces or tabs, got {len(parts)}",
         )
     sets = [_parse_field(part, spec, stripped) for part, spec in zip(parts, _FIELDS, strict=True)]
     weekdays = frozenset(0 if d == 7 else d for d in sets[4])
@@ -177,7 +201,7 @@ def parse(text: str) -> CronExpr:
 
 
 def _macro(text: str) -> str:
-    key = text.lower()
+    key = text.lower() if text.isascii() else text
     if key in MACROS:
         return MACROS[key]
     if key == "@reboot":
@@ -192,20 +216,22 @@ def _parse_field(part: str, spec: _Field, text: str) -> set[int]:
     values: set[int] = set()
     for item in part.split(","):
         if not item:
-            raise CronExpressionError(text, f"{spec.name} field {part!r}: empty list item")
+            raise CronExpressionError(text, f"{spec.name} field {quote(part)}: empty list item")
         values.update(_parse_item(item, spec, text, part))
     return values
 
 
 def _parse_item(item: str, spec: _Field, text: str, part: str) -> range:
-    where = f"{spec.name} field {part!r}"
+    where = f"{spec.name} field {quote(part)}"
     if "~" in item:
         raise CronExpressionError(text, f"{where}: random '~' ranges are not supported")
     body, slash, step_text = item.partition("/")
     step = 1
     if slash:
-        if not step_text.isdigit():
-            raise CronExpressionError(text, f"{where}: step {step_text!r} is not a number")
+        if not is_digits(step_text, MAX_DIGITS):
+            raise CronExpressionError(
+                text, f"{where}: step {quote(step_text)} is not a number 1-{spec.high}"
+            )
         step = int(step_text)
         if not 1 <= step <= spec.high:
             raise CronExpressionError(text, f"{where}: step {step} is out of range 1-{spec.high}")
@@ -232,15 +258,17 @@ def _parse_item(item: str, spec: _Field, text: str, part: str) -> range:
 
 
 def _number(token: str, spec: _Field, text: str, where: str) -> int:
-    if token.isdigit():
+    if is_digits(token, MAX_DIGITS):
         value = int(token)
-    elif token.lower() in spec.names:
+    elif token.isascii() and token.lower() in spec.names:
         value = spec.names.index(token.lower()) + spec.name_base
     else:
-        hint = ""
+        hint = f"a number {spec.low}-{spec.high} in digits 0-9"
         if spec.names:
-            hint = f" (a number or a name like {spec.names[0]!r})"
-        raise CronExpressionError(text, f"{where}: {token!r} is not a valid value{hint}")
+            hint += f" or a name like {spec.names[0]!r}"
+        if is_digits(token, len(token)) and token:
+            hint = f"at most {MAX_DIGITS} digits; {hint}"
+        raise CronExpressionError(text, f"{where}: {quote(token)} is not a valid value ({hint})")
     if not spec.low <= value <= spec.high:
         raise CronExpressionError(text, f"{where}: {value} is out of range {spec.low}-{spec.high}")
     return value

@@ -18,6 +18,7 @@ from typing import Any
 
 from dispatcher.errors import DispatcherError
 from scope.foundation.errors import UsageError
+from scope.foundation.text import quote
 
 
 class CronExpressionError(UsageError):
@@ -27,7 +28,8 @@ class CronExpressionError(UsageError):
         super().__init__(expression=expression, problem=problem, **fields)
 
     def describe(self) -> str:
-        return f"invalid crontab expression {self.fields['expression']!r}: {self.fields['problem']}"
+        expression = quote(self.fields["expression"])
+        return f"invalid crontab expression {expression}: {self.fields['problem']}"
 
 
 class CronError(DispatcherError):
@@ -50,6 +52,6 @@ class ZoneError(UsageError):
 
     def describe(self) -> str:
         return (
-            f"unknown time zone {self.fields['zone']!r}; use an IANA name such as "
+            f"unknown time zone {quote(self.fields['zone'])}; use an IANA name such as "
             "Europe/Berlin or UTC"
         )

@@ -18,6 +18,12 @@ else *fixed-time*):
 Interval schedules (``every``) ignore wall time: fires are due at ``offset + k * every`` seconds
 after the Unix epoch, so they stay put across restarts and DST; their wall time and fold are only
 used for the fire key and display.
+
+Time is bounded: a schedule computes nothing before :data:`EARLIEST` and ends (its iterator
+stops) once the next fire would fall after :data:`LATEST` or, for crontab schedules, on a wall
+day after :data:`~dispatcher.cron.crontab.LAST_DAY`. Both bounds sit a day inside what
+:mod:`datetime` can represent, so no zone offset can push a computation out of range; a sparse
+schedule near year 9999 yields the fires that exist and then stops.
 """
 
 from __future__ import annotations
@@ -26,14 +32,22 @@ import abc
 import datetime as dt
 import heapq
 import math
+import re
 import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dispatcher.cron.crontab import CronExpr
+from scope.foundation.errors import Invalid
+from scope.foundation.text import quote
 
 _UTC = dt.UTC
 _MINUTE = dt.timedelta(minutes=1)
+
+EARLIEST = dt.datetime(1, 1, 2, tzinfo=_UTC).timestamp()
+"""The first instant a schedule computes from (epoch seconds; 0001-01-02T00:00Z)."""
+LATEST = dt.datetime(9999, 12, 30, tzinfo=_UTC).timestamp()
+"""The last instant a schedule starts from or an interval fires at (9999-12-30T00:00Z)."""
 # Longest DST shift on record is 2 h (Antarctica/Troll); look a little further.
 _SHIFT_WINDOW = 3 * 3600
 
@@ -65,6 +79,29 @@ def key_of(job_id: str, wall_text: str, fold: int) -> str:
     return f"{job_id}@{wall_text},fold=1" if fold else f"{job_id}@{wall_text}"
 
 
+_KEY = re.compile(
+    r"(?P<job>[a-z0-9][a-z0-9_-]*)@(?P<wall>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
+    r"(?:\.[0-9]{3})?)(?P<fold>,fold=1)?"
+)
+
+
+def parse_fire_key(key: str) -> tuple[str, dt.datetime, int]:
+    """``(job_id, wall, fold)`` of a scheduled fire's key (the inverse of :func:`fire_key`, for
+    the ``DISPATCH_FIRE_KEY`` a worker sees); :class:`Invalid` for anything else, a manual
+    run's key (``job@run:...``) included."""
+    match = _KEY.fullmatch(key) if isinstance(key, str) else None
+    if match is None:
+        raise Invalid(
+            f"invalid fire key {quote(key)}; scheduled fires look like "
+            "job@2026-03-29T02:30:00 (',fold=1' for the repeat after clocks went back)"
+        )
+    try:
+        wall = dt.datetime.fromisoformat(match.group("wall"))
+    except ValueError as err:
+        raise Invalid(f"invalid fire key {quote(key)}: {err}") from None
+    return match.group("job"), wall, 1 if match.group("fold") else 0
+
+
 def format_wall(wall: dt.datetime) -> str:
     """A naive wall time as ISO-8601 (whole seconds unless it has a fraction)."""
     return wall.isoformat(timespec="milliseconds" if wall.microsecond else "seconds")
@@ -83,7 +120,8 @@ class Schedule(abc.ABC):
 
     @abc.abstractmethod
     def occurrences(self, after: float) -> Iterator[Occurrence]:
-        """Every occurrence due strictly after ``after``, in order of ``at`` (endless)."""
+        """Every occurrence due strictly after ``after``, in order of ``at``; it ends only at
+        the bounds of computable time (see the module docstring)."""
 
     def between(self, after: float, until: float) -> Iterator[Occurrence]:
         """Occurrences with ``after < at <= until``."""
@@ -94,7 +132,8 @@ class Schedule(abc.ABC):
 
     def next_instants(self, after: float, count: int) -> list[float]:
         """The next ``count`` distinct instants at which something runs (coalesced fires and
-        duplicate instants are shown once)."""
+        duplicate instants are shown once); fewer when the schedule reaches the end of
+        computable time first."""
         found: list[float] = []
         for occurrence in self.occurrences(after):
             if len(found) >= count:
@@ -113,6 +152,9 @@ class CronSchedule(Schedule):
         self.zone = zone
 
     def occurrences(self, after: float) -> Iterator[Occurrence]:
+        after = max(after, EARLIEST)
+        if after > LATEST:
+            return
         wall, _ = local_wall(after, self.zone)
         wall = wall.replace(second=0, microsecond=0)
         if _offset(after, self.zone) != _offset(after + _SHIFT_WINDOW, self.zone):
@@ -124,7 +166,7 @@ class CronSchedule(Schedule):
         wildcard = self.expr.wildcard
         while True:
             found = self.expr.next_match(wall)
-            if found is None:  # pragma: no cover - parse() rejects never-matching expressions
+            if found is None:  # the end of computable time (parse() rejects never-matching)
                 break
             wall = found + _MINUTE
             kind, first, second = _classify(found, self.zone)
@@ -148,6 +190,9 @@ class CronSchedule(Schedule):
                     yield Occurrence(wall=rwall, fold=1, at=at)
             if primary.at > after:
                 yield primary
+        for at, rwall in sorted(repeats):
+            if at > after:
+                yield Occurrence(wall=rwall, fold=1, at=at)
 
 
 class IntervalSchedule(Schedule):
@@ -161,17 +206,11 @@ class IntervalSchedule(Schedule):
         self.zone = zone
 
     def occurrences(self, after: float) -> Iterator[Occurrence]:
-        k = math.floor((after - self.offset) / self.every) + 1
-        while True:
-            at = self.offset + k * self.every
-            k += 1
-            if at <= after:
-                continue  # float rounding right at a boundary
-            wall, fold = local_wall(at, self.zone)
-            yield Occurrence(wall=wall, fold=fold, at=at)
+        return self.between(after, LATEST)
 
     def between(self, after: float, until: float) -> Iterator[Occurrence]:
         # Arithmetic bounds: no occurrence past ``until`` is built just to be thrown away.
+        after, until = max(after, EARLIEST), min(until, LATEST)
         k = math.floor((after - self.offset) / self.every) + 1
         while True:
             at = self.offset + k * self.every

@@ -14,6 +14,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dispatcher.cron.errors import ZoneError
+from scope.foundation.errors import Invalid
+from scope.foundation.text import strip_blanks
+from scope.foundation.values import load_zone_info
 
 ZoneResolver = Callable[[], str]
 """Returns the host's zone name; injected into the scheduler so tests can fix it."""
@@ -24,14 +27,17 @@ _TIMEZONE_FILE = Path("/etc/timezone")
 
 @functools.lru_cache(maxsize=256)
 def _cached_zone(name: str) -> zoneinfo.ZoneInfo:
-    return zoneinfo.ZoneInfo(name)
+    return load_zone_info(name)
 
 
 def load_zone(name: str) -> zoneinfo.ZoneInfo:
-    """The zone called ``name``; raises :class:`ZoneError` (exit 2, one line) when unknown."""
+    """The zone called ``name``; raises :class:`ZoneError` (exit 2, one line) when it is not an
+    IANA name (ASCII letters, digits, ``_+-`` and ``/``) or this host does not have it."""
+    if not isinstance(name, str):
+        raise ZoneError(repr(name))
     try:
         return _cached_zone(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError, TypeError):
+    except Invalid:
         raise ZoneError(name) from None
 
 
@@ -39,7 +45,7 @@ def host_zone_name(environ: Mapping[str, str] | None = None) -> str:
     """The host's IANA zone name: ``TZ`` from ``environ`` when it names a zone, else the
     target of ``/etc/localtime``, else ``/etc/timezone``, else ``UTC``."""
     env = os.environ if environ is None else environ
-    tz = env.get("TZ", "").strip().removeprefix(":")
+    tz = strip_blanks(env.get("TZ", "")).removeprefix(":")
     if tz:
         name = _name_from_path(tz) if tz.startswith("/") else tz
         if name and _loads(name):
@@ -52,7 +58,7 @@ def host_zone_name(environ: Mapping[str, str] | None = None) -> str:
     if name and _loads(name):
         return name
     try:
-        text = _TIMEZONE_FILE.read_text(encoding="utf-8").strip()
+        text = strip_blanks(_TIMEZONE_FILE.read_text(encoding="utf-8").rstrip("\r\n"))
     except (OSError, UnicodeDecodeError):
         text = ""
     if text and _loads(text):

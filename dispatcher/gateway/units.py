@@ -10,6 +10,7 @@ is reachable. Drop-ins are not merged; the report says which file it read.
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import shlex
@@ -128,7 +129,7 @@ def inspect_unit(
 ) -> dict[str, Any]:
     """The checks that matter for one unit file, with a remedy for each failed one."""
     try:
-        sections = parse_unit(unit.path.read_text())
+        sections = parse_unit(_read_unit(unit.path))
     except (OSError, UnicodeDecodeError) as err:
         return {
             "name": unit.path.name,
@@ -353,13 +354,26 @@ def _guess_manager(path: Path) -> str:
     if "/systemd/system" in where:
         return "system"
     try:
-        sections = parse_unit(path.read_text())
+        sections = parse_unit(_read_unit(path))
     except (OSError, UnicodeDecodeError):
         return "user"
     wanted = " ".join(sections.get("Install", {}).get("WantedBy", []))
     if sections.get("Service", {}).get("User") or "multi-user.target" in wanted:
         return "system"
     return "user"
+
+
+MAX_UNIT_BYTES = 1024 * 1024
+
+
+def _read_unit(path: Path) -> str:
+    """A unit file's text, at most 1 MiB (``--unit /dev/zero`` must not read forever);
+    OSError or UnicodeDecodeError otherwise."""
+    with open(path, "rb") as handle:
+        raw = handle.read(MAX_UNIT_BYTES + 1)
+    if len(raw) > MAX_UNIT_BYTES:
+        raise OSError(errno.EFBIG, "larger than 1 MiB; not a unit file", str(path))
+    return raw.decode("utf-8")
 
 
 def _current_user() -> str:

@@ -29,12 +29,20 @@ from dispatcher.kanban.model import (
 from dispatcher.kanban.rules import FRESH_START
 from dispatcher.kanban.settings import KanbanSettings
 from scope.foundation.errors import NotFoundError
+from scope.foundation.text import strip_blanks, unsafe_char
 
 if TYPE_CHECKING:
     from dispatcher.launch.outcome import Result
     from registry.abc import Registry
 
+# What a card's text may be (docs/kanban.md, "Card text"): titles and idempotency keys are
+# printable text on one line; a body, a result and a block reason may also hold tabs and line
+# breaks. NUL, other control characters and bytes that are not UTF-8 are refused everywhere:
+# the title and body reach workers as environment variables and are printed to terminals.
 MAX_TITLE = 500
+MAX_BODY = 16 * 1024 * 1024
+MAX_KEY = 200
+MAX_NOTE = 64 * 1024
 _RUN_ID = re.compile(r"r_[0-9a-f]{4,}")
 
 
@@ -73,15 +81,13 @@ class Board:
 
     @staticmethod
     def check_title(title: str) -> str:
-        """A non-empty single-line title (surrounding space removed)."""
-        text = title.strip()
+        """A non-empty single-line title (surrounding spaces and tabs removed)."""
+        text = strip_blanks(title)
         if not text:
             raise BadCard("title", title, "must not be empty")
         if "\n" in text or "\r" in text:
-            raise BadCard("title", title[:40], "must be a single line (put details in --body)")
-        if len(text) > MAX_TITLE:
-            raise BadCard("title", text[:40] + "...", f"longer than {MAX_TITLE} characters")
-        return text
+            raise BadCard("title", title, "must be a single line (put details in --body)")
+        return check_text("title", text, MAX_TITLE)
 
     def resolve_parents(self, texts: Sequence[str]) -> tuple[str, ...]:
         """Card ids for ``--parent`` values (malformed → BadCard, unknown → NotFoundError)."""
@@ -115,9 +121,12 @@ class Board:
     ) -> tuple[Card, bool]:
         """Validate, then store a card; a repeated idempotency key returns the existing card
         (and False) without checking anything else."""
-        if idempotency_key is not None and not idempotency_key.strip():
-            raise BadCard("--idempotency-key", idempotency_key, "must not be empty")
+        if idempotency_key is not None:
+            if not strip_blanks(idempotency_key):
+                raise BadCard("--idempotency-key", idempotency_key, "must not be empty")
+            check_text("--idempotency-key", idempotency_key, MAX_KEY)
         clean_title = self.check_title(title)
+        check_text("body", body, MAX_BODY, lines=True)
         self.check_assignee(assignee)
         if failure_limit is not None and failure_limit < 1:
             raise BadCard("--failure-limit", str(failure_limit), "must be at least 1")
@@ -140,6 +149,8 @@ class Board:
         card = self.store.resolve_card(card_text)
         if edit.title is not None:
             edit = CardEdit(**{**edit.__dict__, "title": self.check_title(edit.title)})
+        if edit.body is not None:
+            check_text("body", edit.body, MAX_BODY, lines=True)
         if edit.assignee is not None:
             self.check_assignee(edit.assignee)
         if edit.failure_limit is not None and edit.failure_limit < 1:
@@ -157,6 +168,7 @@ class Board:
         """A new run of a finished card: ``done``, ``blocked`` (its failures ended it, or a
         worker blocked it) or ``review`` → ``ready``, counts reset, the reason in its event.
         The next tick claims it like any ready card (its next run is a new attempt)."""
+        note = check_text("--reason", strip_blanks(reason or ""), MAX_NOTE, lines=True)
         card = self.store.resolve_card(card_text)
         if card.status not in self.RETRYABLE or card.current_run_id is not None:
             raise WrongStatus(
@@ -172,7 +184,7 @@ class Board:
             "to": CardStatus.READY.value,
             "by": "operator",
             "action": "retry",
-            "reason": (reason or "").strip() or "operator retry",
+            "reason": note or "operator retry",
         }
         self.store.append_event(card.id, EventKind.MOVED, data, now=now, fields=fields)
         return self.store.get_card(card.id)
@@ -294,7 +306,7 @@ class Board:
                 "worker commands need the run id",
                 remedy="pass --run RUN_ID or run inside a worker (DISPATCH_RUN_ID is set there)",
             )
-        run_id = run_text.strip()
+        run_id = strip_blanks(run_text)
         if not _RUN_ID.fullmatch(run_id):
             raise BadCard("run id", run_text, "run ids look like r_1a2b3c4d5e")
         if run_id != card.current_run_id:
@@ -305,6 +317,8 @@ class Board:
         self, card_text: str, run_text: str | None, *, now: float, result: str | None = None
     ) -> Card:
         """The worker says its card is done (wins over a later non-zero exit)."""
+        if result is not None:
+            check_text("--result", result, MAX_NOTE, lines=True)
         card, run_id = self._fenced(card_text, run_text)
         return self.store.worker_move(card.id, run_id, CardStatus.DONE, now=now, result=result)
 
@@ -316,8 +330,9 @@ class Board:
             block_kind = BlockKind(kind)
         except ValueError:
             raise BadCard("--kind", kind, "use needs_input or transient") from None
-        if not reason.strip():
+        if not strip_blanks(reason):
             raise BadCard("--reason", reason, "must not be empty")
+        check_text("--reason", reason, MAX_NOTE, lines=True)
         card, run_id = self._fenced(card_text, run_text)
         until = now + self.settings.transient_block if block_kind is BlockKind.TRANSIENT else None
         return self.store.worker_move(
@@ -327,10 +342,21 @@ class Board:
             now=now,
             block_kind=block_kind,
             blocked_until=until,
-            reason=reason.strip(),
+            reason=strip_blanks(reason),
         )
 
     def review(self, card_text: str, run_text: str | None, *, now: float) -> Card:
         """The worker hands its card to review."""
         card, run_id = self._fenced(card_text, run_text)
         return self.store.worker_move(card.id, run_id, CardStatus.REVIEW, now=now)
+
+
+def check_text(field: str, text: str, max_chars: int, *, lines: bool = False) -> str:
+    """``text`` when it fits the card text rules (see MAX_TITLE above); else BadCard."""
+    if len(text) > max_chars:
+        raise BadCard(field, text, f"longer than {max_chars} characters ({len(text)})")
+    bad = unsafe_char(text, newlines=lines)
+    if bad is not None:
+        allowed = "printable text, tabs and line breaks" if lines else "printable text on one line"
+        raise BadCard(field, text, f"contains {bad}; only {allowed} is accepted")
+    return text

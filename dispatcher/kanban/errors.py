@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from dispatcher.errors import DispatcherError
+from scope.foundation.text import quote
 
 
 class KanbanError(DispatcherError):
@@ -70,4 +71,5 @@ class BadCard(KanbanError):
         super().__init__(remedy=remedy, field=field, value=value, problem=problem)
 
     def describe(self) -> str:
-        return f"invalid {self.fields['field']} {self.fields['value']!r}: {self.fields['problem']}"
+        value = quote(self.fields["value"])
+        return f"invalid {self.fields['field']} {value}: {self.fields['problem']}"

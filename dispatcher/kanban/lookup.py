@@ -5,6 +5,7 @@ from __future__ import annotations
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.store import CARD_PREFIX, RUN_PREFIX
 from scope.foundation.errors import NotFoundError
+from scope.foundation.text import strip_blanks
 
 
 def resolve_session_id(store: BoardStore, text: str) -> str | None:
@@ -13,7 +14,7 @@ def resolve_session_id(store: BoardStore, text: str) -> str | None:
     Returns None when ``text`` is not written as a card (``c_``) or run (``r_``) id, so the
     caller can treat it as a session id. Raises NotFoundError / AmbiguousId (exit 2) for an
     unknown or ambiguous card or run, or one that never started a worker."""
-    given = text.strip()
+    given = strip_blanks(text)
     if given.startswith(CARD_PREFIX):
         card = store.resolve_card(given)
         for run in reversed(store.runs_of(card.id)):

@@ -25,6 +25,7 @@ from dispatcher.kanban.model import (
     NewCard,
 )
 from dispatcher.kanban.rows import HEX, MIN_PREFIX
+from scope.foundation.text import strip_blanks
 
 EXPIRED_BLOCK_FIELDS: Mapping[str, Any] = {
     "status": CardStatus.READY,
@@ -222,7 +223,7 @@ def refuse_with_open_run(card: Card, action: str) -> None:
 
 def id_wanted(text: str, prefix: str, kind: str) -> str:
     """The full id (or id prefix) a user typed, normalised: BadCard when it cannot be one."""
-    given = text.strip()
+    given = strip_blanks(text)
     body = (given[len(prefix) :] if given.startswith(prefix) else given).lower()
     if not HEX.fullmatch(body):
         raise BadCard(
@@ -236,7 +237,7 @@ def id_wanted(text: str, prefix: str, kind: str) -> str:
 
 def check_prefix_length(text: str, kind: str) -> None:
     """BadCard when ``text`` is too short to look an id up by prefix (exact ids always work)."""
-    if len(text.strip()) < MIN_PREFIX:
+    if len(strip_blanks(text)) < MIN_PREFIX:
         raise BadCard(
             f"{kind} id", text, f"too short: give at least {MIN_PREFIX} characters of the id"
         )

@@ -90,7 +90,9 @@ class NotFoundError(UsageError):
         super().__init__(remedy=remedy, kind=kind, name=name, **fields)
 
     def describe(self) -> str:
-        return f"no {self.fields['kind']} {self.fields['name']!r}"
+        from scope.foundation.text import quote  # here: text.py imports this module
+
+        return f"no {self.fields['kind']} {quote(self.fields['name'])}"
 
 
 class ConfigError(DispatchError):

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import re
-import zoneinfo
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -23,103 +21,19 @@ import yaml
 from yaml.constructor import SafeConstructor
 
 from scope.foundation.errors import ConfigError, Invalid
+from scope.foundation.text import quote
+from scope.foundation.values import (
+    format_duration,
+    format_size,
+    load_zone_info,
+    parse_duration,
+    parse_size,
+)
+
+# The value parsers live in values.py; these names are imported from here by many modules.
+__all__ = ["Invalid", "format_duration", "format_size", "parse_duration", "parse_size"]
 
 Path_ = tuple[str | int, ...]
-
-
-# --- durations and sizes ---------------------------------------------------------------------
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from an integer (seconds) or a string like ``30s``, ``5m``, ``1h30m``, ``1d``.
-
-    Raises :class:`Invalid` with a message that shows the accepted forms.
-    """
-    if isinstance(value, bool):
-        raise Invalid(f"expected a duration, got {value!r}; {_DURATION_HINT}")
-    if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
-            raise Invalid(f"duration must be a non-negative number of seconds, got {value!r}")
-        return float(value)
-    if not isinstance(value, str):
-        raise Invalid(f"expected a duration, got {type(value).__name__}; {_DURATION_HINT}")
-    text = value.strip().lower().replace(" ", "")
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    pos, total = 0, 0.0
-    seen: set[str] = set()
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != pos or match.group(2) in seen:
-            break
-        seen.add(match.group(2))
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        pos = match.end()
-    if pos != len(text) or not text:
-        raise Invalid(f"invalid duration {value!r}; {_DURATION_HINT}")
-    return total
-
-
-_DURATION_HINT = "use seconds (90) or units like 30s, 5m, 2h, 1d, 1h30m"
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest ``1h30m``-style spelling of a duration (``0s`` for zero)."""
-    if seconds != int(seconds):
-        return f"{round(seconds * 1000)}ms" if seconds < 1 else f"{seconds:g}s"
-    rest = int(seconds)
-    if rest == 0:
-        return "0s"
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        count, rest = divmod(rest, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts)
-
-
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?", re.IGNORECASE)
-_SIZE_UNITS = {
-    "b": 1,
-    "k": 1024,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1024**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1024**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-    "t": 1024**4,
-    "tb": 1000**4,
-    "tib": 1024**4,
-}
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from an integer or a string like ``256MiB``, ``10MB``, ``512K``."""
-    if isinstance(value, bool):
-        raise Invalid(f"expected a size, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise Invalid(f"size must not be negative, got {value}")
-        return value
-    if isinstance(value, str):
-        match = _SIZE.fullmatch(value.strip())
-        if match:
-            unit = (match.group(2) or "b").lower()
-            return int(float(match.group(1)) * _SIZE_UNITS[unit])
-    raise Invalid(f"invalid size {value!r}; use bytes (1048576) or units like 512KiB, 256MiB, 1GB")
-
-
-def format_size(size: int) -> str:
-    """``256MiB``-style spelling when exact, else plain bytes."""
-    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if size and size % factor == 0:
-            return f"{size // factor}{unit}"
-    return str(size)
 
 
 # --- kinds -----------------------------------------------------------------------------------
@@ -144,12 +58,21 @@ class Kind:
 
 
 class Str(Kind):
-    """A string, optionally matching a pattern or one of fixed choices."""
+    """A string, optionally matching a pattern or one of fixed choices. A ``secret`` one
+    (an environment value) is never repeated in an error."""
 
-    def __init__(self, pattern: str | None = None, hint: str = "", nonempty: bool = True) -> None:
+    def __init__(
+        self,
+        pattern: str | None = None,
+        hint: str = "",
+        nonempty: bool = True,
+        *,
+        secret: bool = False,
+    ) -> None:
         self.pattern = re.compile(pattern) if pattern else None
         self.hint = hint
         self.nonempty = nonempty
+        self.secret = secret
         self.label = "string"
 
     def convert(self, value: Any) -> Any:
@@ -158,7 +81,8 @@ class Str(Kind):
         if self.nonempty and not value:
             raise Invalid("must not be empty")
         if self.pattern and not self.pattern.fullmatch(value):
-            raise Invalid(f"invalid value {value!r}" + (f"; {self.hint}" if self.hint else ""))
+            shown = "" if self.secret else f" {quote(value)}"
+            raise Invalid(f"invalid value{shown}" + (f"; {self.hint}" if self.hint else ""))
         return value
 
 
@@ -167,16 +91,19 @@ class Int(Kind):
 
     label = "integer"
 
+    DEFAULT_MAX = 2**63 - 1
+    """Without an explicit ``max``: the largest integer the state database can store."""
+
     def __init__(self, min: int | None = None, max: int | None = None) -> None:
-        self.min, self.max = min, max
+        self.min, self.max = min, self.DEFAULT_MAX if max is None else max
 
     def convert(self, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise Invalid(f"expected an integer, got {_describe(value)}")
         if self.min is not None and value < self.min:
-            raise Invalid(f"must be at least {self.min}, got {value}")
+            raise Invalid(f"must be at least {self.min}, got {_describe(value)}")
         if self.max is not None and value > self.max:
-            raise Invalid(f"must be at most {self.max}, got {value}")
+            raise Invalid(f"must be at most {self.max}, got {_describe(value)}")
         return value
 
 
@@ -202,9 +129,9 @@ class Duration(Kind):
     def convert(self, value: Any) -> Any:
         seconds = parse_duration(value)
         if seconds < self.min:
-            raise Invalid(f"must be at least {format_duration(self.min)}, got {value!r}")
+            raise Invalid(f"must be at least {format_duration(self.min)}, got {quote(value)}")
         if self.max is not None and seconds > self.max:
-            raise Invalid(f"must be at most {format_duration(self.max)}, got {value!r}")
+            raise Invalid(f"must be at most {format_duration(self.max)}, got {quote(value)}")
         return seconds
 
     def dump(self, value: Any) -> Any:
@@ -222,7 +149,7 @@ class Size(Kind):
     def convert(self, value: Any) -> Any:
         size = parse_size(value)
         if size < self.min:
-            raise Invalid(f"must be at least {format_size(self.min)}, got {value!r}")
+            raise Invalid(f"must be at least {format_size(self.min)}, got {quote(value)}")
         return size
 
     def dump(self, value: Any) -> Any:
@@ -241,7 +168,7 @@ class Choice(Kind):
             if member.value == value:
                 return member
         allowed = ", ".join(str(m.value) for m in self.enum_cls)
-        raise Invalid(f"invalid value {value!r}; use one of: {allowed}")
+        raise Invalid(f"invalid value {quote(value)}; use one of: {allowed}")
 
     def dump(self, value: Any) -> Any:
         return value.value
@@ -255,12 +182,7 @@ class Zone(Kind):
     def convert(self, value: Any) -> Any:
         if not isinstance(value, str) or not value:
             raise Invalid(f"expected a time zone name, got {_describe(value)}")
-        try:
-            zoneinfo.ZoneInfo(value)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise Invalid(
-                f"unknown time zone {value!r}; use an IANA name such as Europe/Berlin or UTC"
-            ) from None
+        load_zone_info(value)
         return value
 
 
@@ -277,6 +199,8 @@ class Argv(Kind):
         if isinstance(value, str):
             if not value.strip():
                 raise Invalid("command must not be empty")
+            if "\0" in value:
+                raise Invalid("a command cannot hold a NUL byte")
             return value
         if isinstance(value, list):
             if not value:
@@ -284,6 +208,8 @@ class Argv(Kind):
             for index, item in enumerate(value):
                 if isinstance(item, bool) or not isinstance(item, str | int | float):
                     raise Invalid(f"argv items must be strings, got {_describe(item)}", (index,))
+                if "\0" in str(item):
+                    raise Invalid("an argument cannot hold a NUL byte", (index,))
             return tuple(str(item) for item in value)
         raise Invalid(f"expected an argv list or a string, got {_describe(value)}")
 
@@ -353,7 +279,7 @@ class MapOf(Kind):
         for key, item in value.items():
             if not isinstance(key, str) or not self.key_pattern.fullmatch(key):
                 hint = f"; {self.key_hint}" if self.key_hint else ""
-                raise Invalid(f"invalid name {key!r}{hint}", (str(key),))
+                raise Invalid(f"invalid name {quote(key)}{hint}", (str(key),))
             try:
                 out[key] = self.value.convert(item)
             except Invalid as err:
@@ -395,7 +321,7 @@ class Record(Kind):
             if key not in known:
                 close = _closest(str(key), known)
                 hint = f"; did you mean {close!r}?" if close else ""
-                raise Invalid(f"unknown key {key!r}{hint}", (str(key),))
+                raise Invalid(f"unknown key {quote(key)}{hint}", (str(key),))
         kwargs = {}
         for name, (kind, field) in known.items():
             if name in value:
@@ -518,7 +444,7 @@ def _build(
     lines.setdefault(path, node.start_mark.line + 1)
     if node.tag not in _PLAIN_TAGS:
         raise ConfigError(
-            f"unsupported YAML tag {node.tag!r}; plain values, lists and mappings only",
+            f"unsupported YAML tag {quote(node.tag)}; plain values, lists and mappings only",
             path=filename,
             line=node.start_mark.line + 1,
         )
@@ -540,7 +466,7 @@ def _build(
                 )
             if key in out:
                 raise ConfigError(
-                    f"duplicate key {key!r}", path=filename, line=key_node.start_mark.line + 1
+                    f"duplicate key {quote(key)}", path=filename, line=key_node.start_mark.line + 1
                 )
             child = (*path, str(key))
             lines[child] = key_node.start_mark.line + 1
@@ -553,9 +479,13 @@ def _build(
         ]
     try:
         return constructor.construct_object(node, deep=True)
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, ValueError, OverflowError) as err:
+        # ValueError: an integer past int()'s 4,300-digit limit; OverflowError: a timestamp
+        # or float out of range.
         raise ConfigError(
-            f"invalid value: {err}", path=filename, line=node.start_mark.line + 1
+            f"invalid value {quote(node.value)}: {str(err).splitlines()[0]}",
+            path=filename,
+            line=node.start_mark.line + 1,
         ) from None
 
 
@@ -584,9 +514,11 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):
+        if abs(value) >= 10**18:
+            return "a number of more than 18 digits"
         return f"the number {value}"
     if isinstance(value, str):
-        return f"the string {value!r}"
+        return f"the string {quote(value)}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, Mapping):
