@@ -232,3 +232,30 @@ def test_import_scan_sees_local_relative_and_dynamic_imports() -> None:
     assert _layer("dispatcher.kanban.board") == "kanban"
     assert _layer("dispatcher.settings") == "app"
     assert _layer("dispatcher.nosuch") is None
+
+
+# -- sizes -------------------------------------------------------------------------------------
+
+MODULE_LINES = 600
+FUNCTION_LINES = 80
+ONE_SCRIPT = {"registry/keeper.py"}
+"""The keeper must stay one file run with ``python3 -I -S`` (it cannot import our packages)."""
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """No module over 600 lines (the keeper aside), no function over 80: past that a module
+    holds more than one thing and a function cannot be read at once."""
+    offenders = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = str(path.relative_to(ROOT))
+            source = path.read_text()
+            lines = len(source.splitlines())
+            if lines > MODULE_LINES and name not in ONE_SCRIPT:
+                offenders.append(f"{name}: {lines} lines")
+            for node in ast.walk(ast.parse(source, name)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > FUNCTION_LINES:
+                        offenders.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    assert not offenders, offenders
