@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from ptyprocess import PtyProcess
 
+from tests.support.cli import dispatch_text as dispatch
+from tests.support.cli import state_env
 from tests.support.procs import default_signals
 from tests.support.wait import wait_for
 
@@ -23,27 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    values = dict(os.environ)
-    values.update(
-        DISPATCH_STATE_DIR=str(tmp_path / "state"),
-        XDG_CONFIG_HOME=str(tmp_path / "config"),
-        PYTHONPATH=str(ROOT),
-        TZ="UTC",
-    )
-    values.pop("DISPATCH_CONFIG", None)
-    return values
-
-
-def dispatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    return state_env(tmp_path, PYTHONPATH=str(ROOT), TZ="UTC")
 
 
 @pytest.mark.parametrize("view", [["ps", "--all"], ["kanban", "board"], ["status"]])

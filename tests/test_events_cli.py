@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import dispatch_text as dispatch
+from tests.support.cli import state_env
 from tests.support.procs import stop_child
 from tests.support.wait import wait_for
 
@@ -31,23 +32,7 @@ EVENT_KEYS = {
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    values = dict(os.environ)
-    values["DISPATCH_STATE_DIR"] = str(tmp_path / "state")
-    values["XDG_CONFIG_HOME"] = str(tmp_path / "config")
-    values.pop("DISPATCH_CONFIG", None)
-    return values
-
-
-def dispatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli.main", *args],
-        capture_output=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-        text=True,
-    )
+    return state_env(tmp_path)
 
 
 def events(env: dict[str, str], *args: str) -> list[dict[str, object]]:

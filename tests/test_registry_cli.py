@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import dispatch_bytes as dispatch
+from tests.support.cli import state_env
 from tests.support.procs import default_signals
 from tests.support.wait import wait_for
 from tests.test_registry_support import session_pids
@@ -21,24 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    values = dict(os.environ)
-    values["DISPATCH_STATE_DIR"] = str(tmp_path / "state")
-    values["XDG_CONFIG_HOME"] = str(tmp_path / "config")
-    values.pop("DISPATCH_CONFIG", None)
-    return values
-
-
-def dispatch(
-    env: dict[str, str], *args: str, timeout: float = 60
-) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli.main", *args],
-        capture_output=True,
-        env=env,
-        cwd=ROOT,
-        timeout=timeout,
-        check=False,
-    )
+    return state_env(tmp_path)
 
 
 def test_run_wait_passes_the_exit_code_through(env: dict[str, str]) -> None:

@@ -13,30 +13,15 @@ import pytest
 
 from registry.launch import KEEPER_SCRIPT, keeper_command
 from registry.state import UnsafeStatePath
+from tests.support.cli import dispatch_text as dispatch
+from tests.support.cli import state_env
 
-ROOT = Path(__file__).resolve().parent.parent
 ROOT_ONLY = pytest.mark.skipif(os.getuid() != 0, reason="chown to another user needs root")
 
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    values = dict(os.environ)
-    values["DISPATCH_STATE_DIR"] = str(tmp_path / "state")
-    values["XDG_CONFIG_HOME"] = str(tmp_path / "config")
-    values.pop("DISPATCH_CONFIG", None)
-    return values
-
-
-def dispatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    return state_env(tmp_path)
 
 
 def one_line_refusal(done: subprocess.CompletedProcess[str], path: Path, fix: str) -> None:

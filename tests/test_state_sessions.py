@@ -6,18 +6,16 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from registry.sessiondir import SessionDir
+from tests.support.cli import dispatch_text as dispatch
+from tests.support.cli import state_env
 from tests.support.wait import wait_for
 from tests.test_registry_support import open_registry, request, session_pids
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -26,12 +24,8 @@ def state(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def env(tmp_path: Path, state: Path) -> dict[str, str]:
-    values = dict(os.environ)
-    values["DISPATCH_STATE_DIR"] = str(state)
-    values["XDG_CONFIG_HOME"] = str(tmp_path / "config")
-    values.pop("DISPATCH_CONFIG", None)
-    return values
+def env(tmp_path: Path) -> dict[str, str]:
+    return state_env(tmp_path)
 
 
 @pytest.fixture
@@ -40,18 +34,6 @@ def stop_flag(tmp_path: Path) -> Iterator[Path]:
     flag = tmp_path / "stop"
     yield flag
     flag.touch()
-
-
-def dispatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
 
 
 def spawn(state: Path, argv: list[str]) -> SessionDir:
