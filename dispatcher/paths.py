@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from registry.state import ensure_private_dir
+from registry.store.database import ensure_private_dir
 from scope.foundation.errors import UsageError
 from scope.foundation.text import quote
 

@@ -7,9 +7,9 @@
     │   └── AmbiguousId          an id prefix matches several sessions/cards/runs (exit 2)
     └── RegistryError            spawning, killing or reading a session failed
         ├── StateError           the state database is unusable or from a newer version
-        │   ├── StateDamaged     not a database / malformed (registry/state.py)
-        │   ├── StateFull        no space left for a write (registry/state.py)
-        │   └── UnsafeStatePath  a state path another user owns or may write (registry/state.py)
+        │   ├── StateDamaged     not a database / malformed (store/database.py)
+        │   ├── StateFull        no space left for a write (store/database.py)
+        │   └── UnsafeStatePath  a state path another user owns or may write (store/database.py)
         ├── SpawnRefused         the registry will not run this command (names the alternative)
         └── HandoffRefused       a session cannot be handed to another owner
 """

@@ -38,15 +38,15 @@ from registry.abc import (
     WaitOutcome,
     WaitResult,
 )
-from registry.desk import check_handoff, handoff_note, owned_by
 from registry.errors import AmbiguousId, HandoffRefused, RegistryError
-from registry.events import new_event_id
-from registry.heartbeat import clamp_interval
-from registry.hooks import OutputHooks
-from registry.prune import due_for_pruning
-from registry.redact import Redactor
+from registry.lifecycle.owners import check_handoff, handoff_note, owned_by
+from registry.live.heartbeat import clamp_interval
+from registry.live.watch import parse_patterns
+from registry.output.hooks import OutputHooks
+from registry.output.redact import Redactor
 from registry.settings import RegistrySettings
-from registry.watch import parse_patterns
+from registry.store.events import new_event_id
+from registry.store.retention import due_for_pruning
 from scope.abc import Placement, Scoper
 from scope.foundation.errors import NotFoundError
 

@@ -1,27 +1,27 @@
 """The real registry: keepers, real processes, durable sessions (see :mod:`registry.abc`).
 
-Each session is a row in the state database (:mod:`registry.store`) plus a directory of files
-shared with its keeper (:mod:`registry.sessiondir`). Any registry instance on the same state
-dir can list, read, kill, wait for and finalize any session; a ``follow=True`` instance also
-runs one :class:`~registry.follower.Follower` thread that tails followed sessions in memory and
-notices their end at once.
+Each session is a row in the state database (:mod:`registry.store.sessions`) plus a directory
+of files shared with its keeper (:mod:`registry.keeper.files`). Any registry instance on the
+same state dir can list, read, kill, wait for and finalize any session; a ``follow=True``
+instance also runs one :class:`~registry.live.follower.Follower` thread that tails followed
+sessions in memory and notices their end at once.
 
-:class:`ProcessRegistry` is a facade: it builds the shared :class:`~registry.parts.Parts` once
-and hands each operation to the part named by what it does::
+:class:`ProcessRegistry` is a facade: it builds the shared
+:class:`~registry.lifecycle.parts.Parts` once and hands each operation to the part named by
+what it does (all in ``registry/lifecycle/``)::
 
     ProcessRegistry  lookup, wait, lifetime; everything else delegated
-      Spawner        registry/spawning.py     spawn: directory, row, keeper launch, first look
-      Finalizer      registry/finalizing.py   settle (the one place a session becomes final),
-                                              final fields, completion draft, announce
-      Reconciler     registry/reconciling.py  refresh from files and processes, adopt, follow
-      Stopper        registry/stopping.py     kill (intent, policy, final state)
-      Viewer         registry/viewing.py      output as text (hooks applied) and raw bytes
-      OwnerDesk      registry/desk.py         events, ack, pending completions, handoff,
-                                              teardown
+      Spawner        spawn.py      spawn: directory, row, keeper launch, first look
+      Finalizer      finalize.py   settle (the one place a session becomes final),
+                                   final fields, completion draft, announce
+      Reconciler     reconcile.py  refresh from files and processes, adopt, follow
+      Stopper        stop.py       kill (intent, policy, final state)
+      Viewer         view.py       output as text (hooks applied) and raw bytes
+      OwnerDesk      owners.py     events, ack, pending completions, handoff, teardown
 
-Events (:mod:`registry.events`): settling stores the completion event of a notifying session
-in the same transaction as its final state; heartbeat and watch events of followed sessions
-come from :class:`~registry.notifier.Notifier`.
+Events (:mod:`registry.store.events`): settling stores the completion event of a notifying
+session in the same transaction as its final state; heartbeat and watch events of followed
+sessions come from :class:`~registry.live.notifier.Notifier`.
 """
 
 from __future__ import annotations
@@ -49,25 +49,25 @@ from registry.abc import (
     WaitOutcome,
     WaitResult,
 )
-from registry.desk import MAX_NOTE_CHARS, OwnerDesk, owned_by
 from registry.errors import AmbiguousId, RegistryError
-from registry.events import EventStore
-from registry.finalizing import Finalizer
-from registry.follower import Follower
-from registry.guard import GatewayIdentity
-from registry.hooks import OutputHooks
-from registry.launch import KEEPER_SCRIPT, keeper_command
-from registry.notifier import Notifier
-from registry.parts import LaunchOptions, Parts, Tracking
-from registry.prune import prune_sessions
-from registry.reconciling import STARTING_GRACE, Reconciler
-from registry.sessiondir import SessionDir
+from registry.keeper.files import SessionDir
+from registry.keeper.start import KEEPER_SCRIPT, keeper_command
+from registry.lifecycle.finalize import Finalizer
+from registry.lifecycle.owners import MAX_NOTE_CHARS, OwnerDesk, owned_by
+from registry.lifecycle.parts import LaunchOptions, Parts, Tracking
+from registry.lifecycle.prune import prune_sessions
+from registry.lifecycle.reconcile import STARTING_GRACE, Reconciler
+from registry.lifecycle.spawn import SERVICE_ENV, Spawner, new_session_id
+from registry.lifecycle.stop import Stopper
+from registry.lifecycle.view import EXACT_CUT_BYTES, Viewer
+from registry.live.follower import Follower
+from registry.live.notifier import Notifier
+from registry.output.hooks import OutputHooks
+from registry.proc.refusal import GatewayIdentity
 from registry.settings import RegistrySettings
-from registry.spawning import SERVICE_ENV, Spawner, new_session_id
-from registry.state import StateDB
-from registry.stopping import Stopper
-from registry.store import SessionStore
-from registry.viewing import EXACT_CUT_BYTES, Viewer
+from registry.store.database import StateDB
+from registry.store.events import EventStore
+from registry.store.sessions import SessionStore
 from scope.abc import Scoper
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import NotFoundError, UsageError
@@ -98,7 +98,7 @@ class ProcessRegistry(Registry):
     a session is read. ``protect_gateway``: refuse commands that would kill this process by
     name (set inside the gateway). ``python`` runs the keeper (default: this interpreter).
     ``hooks``: the output hooks (default: redaction as the settings say, no transform).
-    The tuning knobs end up in one :class:`~registry.parts.LaunchOptions` (``options``).
+    The tuning knobs end up in one :class:`~registry.lifecycle.parts.LaunchOptions` (``options``).
     """
 
     def __init__(

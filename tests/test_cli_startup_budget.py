@@ -81,5 +81,5 @@ def test_commands_never_import_the_bus_the_scheduler_or_the_cluster_driver(
 def test_kanban_add_does_not_import_the_dispatcher(tmp_path: Path) -> None:
     modules = imported(tmp_path, "kanban", "add", "x", "--assignee", "w")
     assert "dispatcher.kanban.board" in modules
-    assert "dispatcher.kanban.dispatcher" not in modules
+    assert "dispatcher.kanban.tick" not in modules
     assert "registry.process" not in modules

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.app.database import open_state
-from dispatcher.cluster import schema
+from dispatcher.cluster import tables
 from dispatcher.cluster.board import HostStamp, PgBoardStore
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.hosts import Hosts
@@ -150,7 +150,7 @@ def test_a_newer_schema_is_refused_and_nothing_written(
     with db.write(None) as conn:
         conn.execute(
             "INSERT INTO dispatch_schema (version, note) VALUES (?, 'future')",
-            (schema.VERSION + 1,),
+            (tables.VERSION + 1,),
         )
     cli = Cli(tmp_path, pg_url)
     line = _one_line_error(cli("kanban", "add", "x", "--assignee", "w"), 1)
@@ -159,7 +159,7 @@ def test_a_newer_schema_is_refused_and_nothing_written(
         assert conn.execute("SELECT count(*) FROM kanban_cards").fetchone()[0] == 0
         assert (
             conn.execute("SELECT count(*) FROM dispatch_schema").fetchone()[0]
-            == len(schema.MIGRATIONS) + 1
+            == len(tables.MIGRATIONS) + 1
         )
 
 
@@ -229,4 +229,4 @@ def test_status_and_doctor_show_the_cluster(db: ClusterDB, pg_url: str, tmp_path
     report = json.loads(cli("doctor", "--json").stdout)
     cluster = report["cluster"]
     assert cluster["ok"] is True and cluster["lease"] == "live"
-    assert cluster["schema_version"] == schema.VERSION and abs(cluster["skew"]) < 1
+    assert cluster["schema_version"] == tables.VERSION and abs(cluster["skew"]) < 1

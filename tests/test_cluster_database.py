@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.cluster import schema
+from dispatcher.cluster import tables
 from dispatcher.cluster.board import PgBoardStore
 from dispatcher.cluster.database import (
     ClusterDB,
@@ -52,19 +52,19 @@ def test_the_password_file_must_be_private(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_migrate_is_idempotent_and_refuses_a_newer_schema(pg_url: str) -> None:
     with ClusterDB(pg_url) as db:
-        assert db.migrate() == schema.VERSION
-        assert db.migrate() == schema.VERSION
+        assert db.migrate() == tables.VERSION
+        assert db.migrate() == tables.VERSION
         with db.write(None) as conn:
             conn.execute(
                 "INSERT INTO dispatch_schema (version, note) VALUES (?, 'from the future')",
-                (schema.VERSION + 1,),
+                (tables.VERSION + 1,),
             )
         with pytest.raises(ClusterError, match="newer") as err:
             db.migrate()
         assert err.value.exit_code == 1
         with db.read() as conn:
             count = conn.execute("SELECT count(*) FROM dispatch_schema").fetchone()[0]
-        assert count == len(schema.MIGRATIONS) + 1
+        assert count == len(tables.MIGRATIONS) + 1
 
 
 @pytest.mark.postgres

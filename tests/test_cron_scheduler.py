@@ -23,7 +23,7 @@ from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, Overl
 from dispatcher.cron.zones import fixed_zone
 from registry.abc import SessionState
 from registry.fake import FakeRegistry
-from registry.state import StateDB
+from registry.store.database import StateDB
 from scope.abc import CallerKind, Placement
 from scope.errors import ManagerLost, ScopeUnavailable
 from scope.foundation.clock import FakeClock

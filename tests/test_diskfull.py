@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.state import SPACE_RESERVE
+from registry.store.database import SPACE_RESERVE
 from tests.support.systemd import require_systemd
 from tests.support.wait import wait_for
 from tests.test_gateway_serve import Serve

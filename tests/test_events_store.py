@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from registry.abc import EventType, Owner, Session, SessionState
-from registry.events import EventDraft, EventStore
-from registry.schema import COMPONENT, V1_SCHEMA
-from registry.state import Component, Migration, StateDB
-from registry.store import HeartbeatMark, SessionStore
+from registry.store.database import Component, Migration, StateDB
+from registry.store.events import EventDraft, EventStore
+from registry.store.sessions import HeartbeatMark, SessionStore
+from registry.store.tables import COMPONENT, V1_SCHEMA
 from scope.abc import CallerKind, Placement
 
 ALICE = Owner(kind="cli", id="alice:1")

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from registry.abc import Event, EventType
-from registry.hooks import OutputHooks
+from registry.output.hooks import OutputHooks
 from registry.process import ProcessRegistry
 from scope.foundation.clock import FakeClock
 from tests.support.wait import wait_for

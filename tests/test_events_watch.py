@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from registry.abc import WatchPattern
-from registry.watch import (
+from registry.live.watch import (
     MAX_LINE_BYTES,
     Breaker,
     LineBuffer,

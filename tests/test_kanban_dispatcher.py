@@ -17,7 +17,6 @@ import pytest
 
 from dispatcher.app.database import open_state
 from dispatcher.kanban.board import Board
-from dispatcher.kanban.dispatcher import DEGRADED_WARNING, WALK_PAGE, KanbanDispatcher
 from dispatcher.kanban.model import (
     BlockKind,
     CardEdit,
@@ -29,6 +28,7 @@ from dispatcher.kanban.model import (
 from dispatcher.kanban.report import TickReport
 from dispatcher.kanban.settings import Assignee, KanbanSettings
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.kanban.tick import DEGRADED_WARNING, WALK_PAGE, KanbanDispatcher
 from dispatcher.kanban.worker import BODY_ENV_LIMIT
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome

@@ -14,9 +14,9 @@ import pytest
 from dispatcher.app.runtime import open_runtime
 from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
-from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.lookup import resolve_session_id
 from dispatcher.kanban.model import CardStatus
+from dispatcher.kanban.tick import KanbanDispatcher
 from dispatcher.launch.outcome import Outcome
 from scope.abc import CallerKind
 from scope.foundation.clock import FakeClock

@@ -20,19 +20,19 @@ from pathlib import Path
 import pytest
 
 from dispatcher.app.database import open_state
-from dispatcher.cron.launcher import FireRunner
+from dispatcher.cron.firing import FireRunner
 from dispatcher.cron.ledger import Kind, Ledger, Status
 from dispatcher.cron.settings import CronJob
 from dispatcher.kanban.board import Board
-from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.settings import Assignee, KanbanSettings
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.kanban.tick import KanbanDispatcher
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome
 from registry.abc import Session, SpawnRequest
 from registry.errors import SpawnRefused
 from registry.process import ProcessRegistry
-from registry.state import StateDB
+from registry.store.database import StateDB
 from scope.errors import ManagerLost
 from scope.fake import FakeScoper
 from tests.support.wait import wait_for

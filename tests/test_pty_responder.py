@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from registry.abc import SessionState
-from registry.keeper import HOLD_MAX, TermResponder
+from registry.keeper.program import HOLD_MAX, TermResponder
 from tests.support.leaks import LeakGuard
 from tests.test_events_support import registry_at
 from tests.test_registry_support import request

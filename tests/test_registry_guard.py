@@ -9,7 +9,7 @@ import shlex
 import pytest
 
 from registry.errors import SpawnRefused
-from registry.guard import GatewayIdentity, gateway_kill_reason
+from registry.proc.refusal import GatewayIdentity, gateway_kill_reason
 from tests.test_registry_support import open_registry, request
 
 GATEWAY = GatewayIdentity(

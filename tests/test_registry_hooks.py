@@ -12,8 +12,8 @@ import pytest
 
 from registry.abc import EventType, HookContext, Owner
 from registry.fake import FakeRegistry
-from registry.hooks import OutputHooks
-from registry.redact import Redactor
+from registry.output.hooks import OutputHooks
+from registry.output.redact import Redactor
 from registry.settings import RegistrySettings
 from tests.support.wait import wait_for
 from tests.test_events_support import ECHO, of_type, registry_at, wait_log, wait_seen

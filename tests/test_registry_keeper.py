@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from registry.keeper import dumps, loads, signal_name
+from registry.keeper.program import dumps, loads, signal_name
 from registry.process import KEEPER_SCRIPT
 from tests.support.wait import wait_for
 from tests.test_registry_support import PYTHON, run_keeper

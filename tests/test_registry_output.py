@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.output import LogReader, OutputTail, decode_tail
+from registry.output.tail import LogReader, OutputTail, decode_tail
 
 
 def feed_in_chunks(tail: OutputTail, data: bytes, size: int) -> None:

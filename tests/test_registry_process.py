@@ -13,8 +13,8 @@ import pytest
 
 from registry.abc import Owner, Session, SessionState, WaitOutcome
 from registry.errors import AmbiguousId, RegistryError
+from registry.proc.identity import Identity, alive
 from registry.process import ProcessRegistry
-from registry.procinfo import Identity, alive
 from scope.fake import FakeScoper
 from scope.foundation.errors import NotFoundError, UsageError
 from tests.support.leaks import LeakGuard

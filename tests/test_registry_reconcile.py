@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from registry.abc import Session, SessionState
+from registry.lifecycle.reconcile import STARTING_GRACE
 from registry.process import ProcessRegistry
-from registry.reconciling import STARTING_GRACE
 from scope.abc import CallerKind, Placement
 from scope.errors import BusError, ManagerLost
 from scope.fake import FakeScoper

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from registry.abc import Owner, OwnerKind, SessionState
-from registry.changes import FinalFields, Started
-from registry.sessiondir import ExitRecord, SessionDir
+from registry.keeper.files import ExitRecord, SessionDir
+from registry.store.changes import FinalFields, Started
 
 
 def test_known_owner_kinds_become_enum_members_and_print_as_before() -> None:

@@ -15,12 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from registry.abc import Owner, SpawnRequest
-from registry.hooks import OutputHooks
+from registry.output.hooks import OutputHooks
+from registry.proc.identity import MARKER_ENV, table
 from registry.process import KEEPER_SCRIPT, ProcessRegistry
-from registry.procinfo import MARKER_ENV, table
-from registry.schema import COMPONENT
 from registry.settings import RegistrySettings
-from registry.state import StateDB
+from registry.store.database import StateDB
+from registry.store.tables import COMPONENT
 from scope.abc import CallerKind, Scoper
 from scope.fake import FakeScoper
 from scope.foundation.clock import Clock
@@ -158,8 +158,8 @@ LAUNCHER = textwrap.dedent(
     from registry.abc import Owner, SpawnRequest
     from registry.process import ProcessRegistry
     from registry.settings import RegistrySettings
-    from registry.state import StateDB
-    from registry.schema import COMPONENT
+    from registry.store.database import StateDB
+    from registry.store.tables import COMPONENT
     from scope.abc import CallerKind
     spec = json.loads(sys.argv[1])
     if spec.get("env"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from registry.errors import StateError
-from registry.state import Component, Migration, StateDB
+from registry.store.database import Component, Migration, StateDB
 
 V1 = Component(
     name="demo",
@@ -116,7 +116,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from registry.state import Component, Migration, StateDB
+    from registry.store.database import Component, Migration, StateDB
     comp = Component(name="demo", migrations=[Migration(version=1,
         apply="CREATE TABLE items (id TEXT PRIMARY KEY, n INT);")])
     db = StateDB(Path(sys.argv[1]), [comp])

@@ -17,7 +17,7 @@ import pytest
 
 from dispatcher.app.database import components, open_state
 from dispatcher.gateway.lock import ServeLock
-from registry.backup import integrity
+from registry.store.backup import integrity
 from tests.support.wait import wait_for
 from tests.test_gateway_serve import Serve
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.launch import KEEPER_SCRIPT, keeper_command
-from registry.state import UnsafeStatePath
+from registry.keeper.start import KEEPER_SCRIPT, keeper_command
+from registry.store.database import UnsafeStatePath
 from tests.support.cli import dispatch_text as dispatch
 from tests.support.cli import state_env
 

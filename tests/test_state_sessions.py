@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.sessiondir import SessionDir
+from registry.keeper.files import SessionDir
 from tests.support.cli import dispatch_text as dispatch
 from tests.support.cli import state_env
 from tests.support.wait import wait_for

@@ -289,7 +289,7 @@ def test_a_lock_held_past_the_busy_timeout_is_one_clear_error(tmp_path: Path) ->
     """Contention shorter than the busy timeout is waited out; a writer that keeps the lock
     longer gives our one-line error (never sqlite3's bare "database is locked")."""
     from dispatcher.app.database import open_state
-    from registry.state import StateDB, StateError
+    from registry.store.database import StateDB, StateError
 
     state = tmp_path / "state"
     open_state(state).close()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from dispatcher.app.database import open_state
 from dispatcher.kanban.store import SqlBoardStore, SqliteBoardStore
 from dispatcher.settings import Settings
-from registry.state import StateDB
+from registry.store.database import StateDB
 
 if TYPE_CHECKING:
     from dispatcher.cluster.board import HostStamp, PgBoardStore

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.cron.launcher import FireRunner
+from dispatcher.cron.firing import FireRunner
 from dispatcher.cron.ledger import FireRecord, JobState, Ledger, Status
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
 from dispatcher.cron.report import job_entry, known_job_entry

@@ -1,17 +1,18 @@
 """Opening the state database with every package's tables.
 
-Each package that stores something exposes a :class:`~registry.state.Component`; this is the
-one place that lists them all, so every ``dispatch`` process migrates the same way.
+Each package that stores something exposes a
+:class:`~registry.store.database.Component`; this is the one place that lists them all, so
+every ``dispatch`` process migrates the same way.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dispatcher.cron.schema import COMPONENT as CRON_COMPONENT
-from dispatcher.kanban.schema import COMPONENT as KANBAN_COMPONENT
-from registry.schema import COMPONENT as REGISTRY_COMPONENT
-from registry.state import Component, StateDB
+from dispatcher.cron.tables import COMPONENT as CRON_COMPONENT
+from dispatcher.kanban.tables import COMPONENT as KANBAN_COMPONENT
+from registry.store.database import Component, StateDB
+from registry.store.tables import COMPONENT as REGISTRY_COMPONENT
 
 
 def components() -> list[Component]:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from dispatcher.app.database import open_state
 from dispatcher.settings import Settings
 from registry.process import ProcessRegistry
-from registry.state import StateDB
+from registry.store.database import StateDB
 from scope import open_scoper, policy_from
 from scope.abc import (
     CallerKind,

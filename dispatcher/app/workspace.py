@@ -28,8 +28,8 @@ from scope.foundation.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
-    from dispatcher.kanban.dispatcher import KanbanDispatcher
     from dispatcher.kanban.report import Closed, TickReport
+    from dispatcher.kanban.tick import KanbanDispatcher
     from registry.abc import Registry
 
 
@@ -102,8 +102,8 @@ class Workspace:
         """The dispatcher for this command (opens the registry)."""
         if self._dispatcher is None:
             # Imported here: adding or editing a card never needs the dispatcher.
-            from dispatcher.kanban.dispatcher import KanbanDispatcher
             from dispatcher.kanban.faults import FaultPoint
+            from dispatcher.kanban.tick import KanbanDispatcher
 
             runtime = self._open_runtime()
             self._dispatcher = KanbanDispatcher(

@@ -26,9 +26,9 @@ from dispatcher.cli.wait_cmd import exit_status
 from dispatcher.errors import DispatcherError
 from dispatcher.timefmt import viewer_zone
 from registry.abc import Registry, Session, SessionState
-from registry.hooks import OutputHooks
-from registry.logtimes import LogTimes, Stamper
-from registry.output import LogReader
+from registry.keeper.times import LogTimes, Stamper
+from registry.output.hooks import OutputHooks
+from registry.output.tail import LogReader
 from scope.foundation.errors import UsageError
 
 DESCRIPTION = (

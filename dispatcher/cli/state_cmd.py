@@ -17,8 +17,8 @@ from pathlib import Path
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, path_arg
 from dispatcher.errors import GatewayError
-from registry.backup import Integrity, backup, integrity, restore
-from registry.state import DB_NAME
+from registry.store.backup import Integrity, backup, integrity, restore
+from registry.store.database import DB_NAME
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:

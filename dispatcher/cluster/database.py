@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from dispatcher.cluster import schema
+from dispatcher.cluster import tables
 from dispatcher.cluster.url import check_url, redact
 from registry.errors import StateError
 from scope.foundation.errors import ConfigError
@@ -265,11 +265,11 @@ class ClusterDB:
         return int(row[0] or 0) if row is not None else 0
 
     def migrate(self) -> int:
-        """Bring the schema to :data:`schema.VERSION`; refuse a newer one, changing nothing.
+        """Bring the schema to :data:`tables.VERSION`; refuse a newer one, changing nothing.
         Returns the version. A database already at this version is only read."""
         current = self.schema_version()
         self._refuse_newer(current)
-        if current == schema.VERSION:
+        if current == tables.VERSION:
             return current
         with self.write(SCHEMA_LOCK) as conn:
             conn.execute(
@@ -280,20 +280,20 @@ class ClusterDB:
             row = conn.execute("SELECT max(version) AS v FROM dispatch_schema").fetchone()
             current = int(row["v"] or 0) if row is not None else 0
             self._refuse_newer(current)
-            for version, note, sql in schema.MIGRATIONS:
+            for version, note, sql in tables.MIGRATIONS:
                 if version > current:
                     conn.raw.execute(sql)
                     conn.execute(
                         "INSERT INTO dispatch_schema (version, note) VALUES (?, ?)",
                         (version, note),
                     )
-        return schema.VERSION
+        return tables.VERSION
 
     def _refuse_newer(self, current: int) -> None:
-        if current > schema.VERSION:
+        if current > tables.VERSION:
             raise ClusterError(
                 f"its schema version {current} is newer than this dispatch understands "
-                f"({schema.VERSION}); nothing was changed",
+                f"({tables.VERSION}); nothing was changed",
                 url=self.url,
                 remedy="upgrade dispatch on this host",
             )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from dispatcher.cluster.database import BOARD_LOCK, ClusterDB, ClusterError, Qmark
 from dispatcher.cluster.ledger import LEDGER_LOCK
 from dispatcher.errors import DispatcherError
-from registry.state import StateDB
+from registry.store.database import StateDB
 
 # (table, ORDER BY, identity column kept with OVERRIDING SYSTEM VALUE)
 TABLES: Sequence[tuple[str, str, str | None]] = (

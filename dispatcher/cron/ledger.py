@@ -246,7 +246,7 @@ class Tx(LedgerTx):
 
 
 class Ledger(LedgerStore):
-    """Reads and writes the cron tables of a :class:`~registry.state.StateDB`.
+    """Reads and writes the cron tables of a :class:`~registry.store.database.StateDB`.
 
     Its SQL serves every SQL backend: a subclass names its transaction class and its
     two-argument maximum (see :class:`dispatcher.cluster.ledger.PgLedger`)."""

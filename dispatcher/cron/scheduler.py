@@ -34,7 +34,7 @@ from pathlib import Path
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.decisions import Decider
 from dispatcher.cron.errors import CronError
-from dispatcher.cron.launcher import FireRunner
+from dispatcher.cron.firing import FireRunner
 from dispatcher.cron.ledger import ACTIVE, FireRecord, Kind, Ledger, Status
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
 from dispatcher.cron.settings import CronJob, CronSettings
@@ -43,7 +43,7 @@ from dispatcher.cron.zones import ZoneResolver, resolver_for
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
 from registry.abc import OwnerKind, Registry, Session
-from registry.state import StateDB
+from registry.store.database import StateDB
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import DispatchError, NotFoundError
 

@@ -46,8 +46,8 @@ from dispatcher.gateway.notify import Notifier
 from dispatcher.gateway.recent import RecentErrors
 from dispatcher.gateway.reload import ReloadRecord, write_reload
 from dispatcher.gateway.statusfile import ServeStatus, write_status
-from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.store import SqlBoardStore
+from dispatcher.kanban.tick import KanbanDispatcher
 from dispatcher.settings import Settings
 from registry.abc import OwnerKind, Session, SessionState
 from registry.errors import StateError

@@ -46,7 +46,7 @@ class SqlConnection(Protocol):
 
 
 class SqlDatabase(Protocol):
-    """A database handing out transactions (:class:`~registry.state.StateDB` is one)."""
+    """A database handing out transactions (:class:`~registry.store.database.StateDB` is one)."""
 
     def read(self) -> AbstractContextManager[Any]:
         """A transaction for reading."""

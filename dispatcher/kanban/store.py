@@ -47,14 +47,14 @@ from dispatcher.kanban.sql import (
 )
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
-from registry.state import StateDB
+from registry.store.database import StateDB
 from scope.foundation.errors import NotFoundError
 
 __all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore"]
 
 
 class SqlBoardStore(SqlBoard):
-    """The board in a SQL database (tables of :mod:`dispatcher.kanban.schema`)."""
+    """The board in a SQL database (tables of :mod:`dispatcher.kanban.tables`)."""
 
     # -- cards -------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from dispatcher.kanban.model import Card, Run
 from dispatcher.kanban.settings import Assignee
 from dispatcher.launch.setup import Workplace
 from registry.abc import Owner, OwnerKind, SpawnRequest
-from registry.state import ensure_private_dir
+from registry.store.database import ensure_private_dir
 from scope.abc import CallerKind
 
 BODY_ENV_LIMIT = 64 * 1024

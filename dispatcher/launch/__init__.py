@@ -9,7 +9,7 @@
     core.py      LaunchCore: spawn with one retry for a lost manager, record, settle at
                  once, and the recovery questions (session known? orphaned claim?)
 
-cron (:mod:`dispatcher.cron.launcher`) and kanban (:mod:`dispatcher.kanban.launcher`) are
+cron (:mod:`dispatcher.cron.firing`) and kanban (:mod:`dispatcher.kanban.running`) are
 policies over it: each supplies its own store's record and settle steps (``Books``); neither
 imports the other, and this package imports neither.
 """

@@ -32,7 +32,7 @@ from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.failure import SpawnFailure, classify_spawn_error, host_out_of_space
 from dispatcher.launch.outcome import Outcome, Result, outcome_of
 from registry.abc import Owner, Registry, Session, SessionState, SpawnRequest
-from registry.state import space_problem
+from registry.store.database import space_problem
 from scope.foundation.errors import DispatchError, NotFoundError
 
 __all__ = ["Books", "Launch", "LaunchCore", "Orphan", "Recorded"]

@@ -34,7 +34,7 @@ from typing import Any
 from dispatcher.errors import DispatcherError
 from dispatcher.launch.outcome import Outcome, Result
 from registry.errors import SpawnRefused
-from registry.state import StateFull
+from registry.store.database import StateFull
 from scope.errors import ManagerLost, ScopeUnavailable
 from scope.foundation.errors import DispatchError
 

@@ -42,7 +42,7 @@ import pytest
 
 from dispatcher.app.workspace import Workspace
 from dispatcher.config import load_config
-from dispatcher.kanban.dispatcher import WALK_PAGE
+from dispatcher.kanban.tick import WALK_PAGE
 from dispatcher.settings import Settings
 from tests.benchmarks.common import Row, median, percentile, ratio
 from tests.support.cluster import ClusterRig

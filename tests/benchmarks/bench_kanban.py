@@ -20,9 +20,9 @@ from pathlib import Path
 
 from dispatcher.app.runtime import open_runtime
 from dispatcher.config import parse_config
-from dispatcher.kanban.dispatcher import KanbanDispatcher
 from dispatcher.kanban.model import CardStatus, NewCard
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.kanban.tick import KanbanDispatcher
 from scope.abc import CallerKind
 from tests.benchmarks.common import Row, ratio
 from tests.support.systemd import ManagerUnavailable, SystemdManager, acquire_manager

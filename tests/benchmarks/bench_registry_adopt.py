@@ -13,11 +13,11 @@ import tempfile
 from pathlib import Path
 
 from registry.abc import Owner, SpawnRequest
+from registry.proc.identity import Identity, send
 from registry.process import ProcessRegistry
-from registry.procinfo import Identity, send
-from registry.schema import COMPONENT
 from registry.settings import RegistrySettings
-from registry.state import StateDB
+from registry.store.database import StateDB
+from registry.store.tables import COMPONENT
 from scope.fake import FakeScoper
 from tests.benchmarks.common import Row, timer
 

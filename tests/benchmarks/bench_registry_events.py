@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 from registry.abc import EventType, Owner, SpawnRequest
+from registry.output.redact import Redactor
 from registry.process import KEEPER_SCRIPT, ProcessRegistry
-from registry.redact import Redactor
-from registry.schema import COMPONENT
 from registry.settings import RegistrySettings
-from registry.state import StateDB
+from registry.store.database import StateDB
+from registry.store.tables import COMPONENT
 from scope.abc import CallerKind
 from scope.fake import FakeScoper
 from scope.foundation.clock import FakeClock

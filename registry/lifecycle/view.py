@@ -2,7 +2,7 @@
 
 :meth:`Viewer.view` reads the end of a session's output (from the follower's in-memory tail
 when this instance follows it, else from the log); :meth:`Viewer.handed` is where text goes to
-a program, after the transform hook and redaction (:mod:`registry.hooks`). ``read_log`` gives
+a program, after the transform hook and redaction (:mod:`registry.output.hooks`). ``read_log`` gives
 the raw bytes, untouched by any hook. Nothing here changes a session.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 
 from registry.abc import Session, Snapshot
-from registry.output import TailView, decode_tail
-from registry.output import tail_lines as tail_lines_of
-from registry.parts import Parts
-from registry.store import StoredSession
+from registry.lifecycle.parts import Parts
+from registry.output.tail import TailView, decode_tail
+from registry.output.tail import tail_lines as tail_lines_of
+from registry.store.sessions import StoredSession
 
 __all__ = ["EXACT_CUT_BYTES", "Viewer"]
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from registry.state import DB_NAME, FORMAT_VERSION, Component, StateError, translate
+from registry.store.database import DB_NAME, FORMAT_VERSION, Component, StateError, translate
 from scope.foundation.errors import UsageError
 
 __all__ = ["Integrity", "backup", "integrity", "restore"]

@@ -1,6 +1,6 @@
 """The follower: one thread per registry instance that watches every followed session.
 
-For each session it tails the log into an :class:`~registry.output.OutputTail` and notices two
+For each session it tails the log into an :class:`~registry.output.tail.OutputTail` and notices two
 events through pidfds (no polling needed for them): the *worker* exited (the keeper writes the
 exit record within milliseconds, so the follower looks for ``exit.json`` on every tick until it
 appears) and the *keeper* exited (everything is over: last read, then either the record exists
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from registry.errors import StateError
-from registry.output import LogReader, OutputTail
-from registry.procinfo import Identity, alive
-from registry.sessiondir import SessionDir
+from registry.keeper.files import SessionDir
+from registry.output.tail import LogReader, OutputTail
+from registry.proc.identity import Identity, alive
 
 __all__ = ["Followed", "Follower"]
 

@@ -1,4 +1,4 @@
-"""Typed changes to stored sessions: what :class:`~registry.store.SessionStore` writes.
+"""Typed changes to stored sessions: what :class:`~registry.store.sessions.SessionStore` writes.
 
 Each record names one kind of change and the columns it sets (``columns()``), so the store
 never takes free-form column names: the launch's placement (:class:`Placed`), the keeper's

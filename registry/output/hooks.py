@@ -14,7 +14,7 @@ import logging
 import threading
 
 from registry.abc import HookContext, OutputTransform, Owner
-from registry.redact import Redactor
+from registry.output.redact import Redactor
 from registry.settings import RegistrySettings
 
 __all__ = ["OutputHooks"]

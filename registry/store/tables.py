@@ -2,13 +2,13 @@
 
 Kept apart from the stores that use them so that opening the state database (every command
 does) costs only these strings, not the registry's session and event code. New columns come as
-new :class:`~registry.state.Migration` steps appended to :data:`COMPONENT`; never edit a
+new :class:`~registry.store.database.Migration` steps appended to :data:`COMPONENT`; never edit a
 released step.
 """
 
 from __future__ import annotations
 
-from registry.state import Component, Migration
+from registry.store.database import Component, Migration
 
 __all__ = ["COMPONENT", "V1_SCHEMA", "V2_SCHEMA"]
 

@@ -14,13 +14,13 @@ import subprocess
 from pathlib import Path
 
 from registry.abc import Session
-from registry.finalizing import Finalizer
-from registry.follower import Followed
-from registry.output import LogReader, OutputTail
-from registry.parts import Parts
-from registry.procinfo import Identity, alive
-from registry.sessiondir import SessionDir
-from registry.store import Started, StoredSession
+from registry.keeper.files import SessionDir
+from registry.lifecycle.finalize import Finalizer
+from registry.lifecycle.parts import Parts
+from registry.live.follower import Followed
+from registry.output.tail import LogReader, OutputTail
+from registry.proc.identity import Identity, alive
+from registry.store.sessions import Started, StoredSession
 from scope.errors import ScopeError
 
 __all__ = ["STARTING_GRACE", "Reconciler", "identity"]

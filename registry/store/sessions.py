@@ -8,7 +8,7 @@ final state (and publishes the completion).
 A kill records its intent (state to record, reason, time) before it signals anything, so
 whichever instance finalizes the session later records ``killed`` rather than a plain exit.
 
-Events (:mod:`registry.events`) are written in the same transactions: the completion event
+Events (:mod:`registry.store.events`) are written in the same transactions: the completion event
 with the compare-and-set that finalizes (so there is exactly one, and only once the final
 state is stored), a heartbeat with the compare-and-set that advances the heartbeat offset, a
 handoff with the owner change.
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from registry.abc import Event, Owner, Session, SessionState, WatchPattern
-from registry.changes import (
+from registry.store.changes import (
     Counted,
     FinalFields,
     HandoffResult,
@@ -34,9 +34,10 @@ from registry.changes import (
     Started,
     WatchMark,
 )
-from registry.events import EventDraft, EventStore
-from registry.schema import COMPONENT
-from registry.state import StateDB
+from registry.store.database import StateDB
+from registry.store.events import EventDraft, EventStore
+from registry.store.retention import due_for_pruning
+from registry.store.tables import COMPONENT
 from scope.abc import CallerKind, Placement
 
 __all__ = [
@@ -495,13 +496,11 @@ class SessionStore:
 
     def prunable(self, *, finished_before: float, keep: int) -> list[StoredSession]:
         """Finished rows older than ``finished_before``, plus the oldest finished ones beyond
-        the newest ``keep`` (see :func:`registry.prune.due_for_pruning`)."""
+        the newest ``keep`` (see :func:`registry.store.retention.due_for_pruning`)."""
         with self.db.read() as conn:
             rows = conn.execute(
                 "SELECT id, finished_at FROM registry_sessions WHERE state != 'running'"
             ).fetchall()
-            from registry.prune import due_for_pruning  # only pruning needs the policy
-
             due = due_for_pruning(
                 ((r["id"], r["finished_at"]) for r in rows),
                 finished_before=finished_before,

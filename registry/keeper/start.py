@@ -1,6 +1,6 @@
 """Starting a keeper: the argv a request runs, the keeper's command line, its ready pipe.
 
-Python never caches the compilation of a script it runs, and compiling ``keeper.py`` costs more
+Python never caches the compilation of a script it runs, and compiling ``program.py`` costs more
 than all of the keeper's start-up work, so the keeper is compiled once per source version into
 the private state dir and that bytecode file is run (``python file.pyc`` executes compiled code
 directly). The source file is the fallback.
@@ -23,14 +23,14 @@ import sys
 from pathlib import Path
 
 from registry.abc import SpawnRequest
-from registry.state import UnsafeStatePath, check_private, ensure_private_dir
+from registry.store.database import UnsafeStatePath, check_private, ensure_private_dir
 from scope.foundation.errors import UsageError
 
 __all__ = ["KEEPER_SCRIPT", "await_ready", "keeper_command", "worker_argv"]
 
 _log = logging.getLogger("dispatch.registry")
 
-KEEPER_SCRIPT = Path(__file__).with_name("keeper.py")
+KEEPER_SCRIPT = Path(__file__).with_name("program.py")
 
 
 def keeper_command(python: str | None = None, cache_dir: Path | None = None) -> list[str]:
@@ -43,7 +43,8 @@ def keeper_command(python: str | None = None, cache_dir: Path | None = None) -> 
 
     Called before every spawn: the bytecode is code we execute, so the cache dir must be a
     private directory (not a symlink) and the file ours, private and equal to what was
-    compiled (:class:`~registry.state.UnsafeStatePath` otherwise; a mismatch is rebuilt)."""
+    compiled (:class:`~registry.store.database.UnsafeStatePath` otherwise; a mismatch is
+    rebuilt)."""
     python = python or sys.executable
     if python == sys.executable and cache_dir is not None:
         compiled = _compiled_keeper(Path(cache_dir))

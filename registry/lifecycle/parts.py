@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from registry.abc import FinishListener
-from registry.follower import Follower
-from registry.hooks import OutputHooks
-from registry.notifier import Notifier
+from registry.live.follower import Follower
+from registry.live.notifier import Notifier
+from registry.output.hooks import OutputHooks
 from registry.settings import RegistrySettings
-from registry.store import SessionStore, StoredSession
+from registry.store.sessions import SessionStore, StoredSession
 from scope.abc import Scoper
 from scope.foundation.clock import Clock
 from scope.foundation.errors import NotFoundError

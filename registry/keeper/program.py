@@ -1,8 +1,8 @@
 """The keeper: one small process per session that owns a worker's output and writes its end.
 
-Run as ``<python> -I -S registry/keeper.py <spec.json>`` (never imported by the registry). It
-lives in the worker's scope, so the worker's output and exit status survive whoever launched
-it. What it does, in order:
+Run as ``<python> -I -S registry/keeper/program.py <spec.json>`` (never imported by the
+registry). It lives in the worker's scope, so the worker's output and exit status survive
+whoever launched it. What it does, in order:
 
 1. honours the scope gate (``DISPATCH_SCOPE_GATE_FD``: read one byte; ``b"1"`` = go, anything
    else or EOF = exit at once, before touching anything);
@@ -29,7 +29,7 @@ Start-up is a benchmark figure (against ``python -I -S -c pass``), so the import
 only: ``posix`` rather than ``os`` (whose import pulls in several Python modules), ``_signal``
 rather than ``signal`` (which imports ``enum``) and ``_json``'s scanner and string encoder rather
 than ``json`` (which imports ``re``). The registry side reads and writes the same files with the
-ordinary modules (see :mod:`registry.sessiondir`).
+ordinary modules (see :mod:`registry.keeper.files`).
 """
 
 # contextlib.suppress would import contextlib (and collections, functools) into a process whose
@@ -1191,11 +1191,11 @@ def _gate() -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: ``keeper.py SPEC``."""
+    """Entry point: ``program.py SPEC``."""
     if not _gate():
         return 0
     if len(argv) != 2:
-        sys.stderr.write("usage: keeper.py SPEC.json\n")
+        sys.stderr.write("usage: program.py SPEC.json\n")
         return 2
     try:
         posix.setsid()

@@ -6,7 +6,7 @@ runs claimed by a dispatcher that died before recording a spawn are reclaimed), 
 paused, walks the ``ready`` cards by priority then age: back-off and cooldown are honoured (a
 successful probe ends a cooldown at once), both budgets are checked inside the claim
 transaction, and each claimed card is placed and spawned through the launch core
-(:mod:`dispatcher.kanban.launcher`).
+(:mod:`dispatcher.kanban.running`).
 
 The gateway calls :meth:`tick` when woken; ``dispatch kanban tick`` calls it once (caller kind
 ``oneshot``).
@@ -21,15 +21,15 @@ from pathlib import Path
 
 from dispatcher.kanban.abc import BoardStore, ClaimVerdict
 from dispatcher.kanban.faults import FaultPoint
-from dispatcher.kanban.launcher import Launches, RunLauncher
 from dispatcher.kanban.model import Card, EventKind, Limits
 from dispatcher.kanban.report import Closed, Dispatched, TickReport
+from dispatcher.kanban.running import Launches, RunLauncher
 from dispatcher.kanban.settings import KanbanSettings
 from dispatcher.kanban.worker import WorkerContext
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.setup import Workplace
 from registry.abc import OwnerKind, Registry, Session
-from registry.state import space_problem
+from registry.store.database import space_problem
 from scope.abc import CallerKind, Placement, Scoper
 from scope.foundation.errors import DispatchError, NotFoundError
 

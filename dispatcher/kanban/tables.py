@@ -2,13 +2,13 @@
 
 Cards, their parents, runs (one per attempt), append-only events (an UPDATE is refused by a
 trigger) and a small key/value table holding the pause flag and the board version. New columns
-come as new :class:`~registry.state.Migration` steps appended to :data:`COMPONENT`; never edit a
-released step.
+come as new :class:`~registry.store.database.Migration` steps appended to
+:data:`COMPONENT`; never edit a released step.
 """
 
 from __future__ import annotations
 
-from registry.state import Component, Migration
+from registry.store.database import Component, Migration
 
 V1 = """
 CREATE TABLE kanban_cards (

@@ -10,35 +10,14 @@ directories once they are old enough. Running sessions are never touched.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from registry.abc import OwnerKind
-from registry.sessiondir import SessionDir, sessions_root
+from registry.keeper.files import SessionDir, sessions_root
 from registry.settings import RegistrySettings
+from registry.store.retention import HISTORY_OWNERS
+from registry.store.sessions import SessionStore
 
-if TYPE_CHECKING:  # the store selects its rows with due_for_pruning below
-    from registry.store import SessionStore
-
-__all__ = ["HISTORY_OWNERS", "due_for_pruning", "prune_sessions"]
-
-HISTORY_OWNERS = frozenset({OwnerKind.KANBAN, OwnerKind.CRON})
-"""Owner kinds whose history references session logs."""
-
-
-def due_for_pruning(
-    finished: Iterable[tuple[str, float | None]], *, finished_before: float, keep: int
-) -> list[str]:
-    """Which finished sessions go, given their ``(id, finished_at)``: those that finished
-    before ``finished_before``, and the oldest beyond the newest ``keep``. The one rule for
-    every registry (the real one's store and the in-memory fake)."""
-    newest_first = sorted(finished, key=lambda item: (item[1] or 0.0, item[0]), reverse=True)
-    return [
-        session_id
-        for index, (session_id, finished_at) in enumerate(newest_first)
-        if index >= keep or (finished_at or 0.0) < finished_before
-    ]
+__all__ = ["prune_sessions"]
 
 
 def prune_sessions(

@@ -8,8 +8,8 @@ publish. Completions do not need a claim: they are published by whoever finalize
 
 * Watch: the follower hands each chunk it reads to :meth:`Notifier.sink` (cheap: whole lines
   are cut and matched under a lock); the timer thread delivers the matches, applying the
-  cooldown, strikes, lifetime cap and the global breaker (:mod:`registry.watch`).
-* Heartbeats: the timer thread wakes when the next one is due (:mod:`registry.heartbeat`).
+  cooldown, strikes, lifetime cap and the global breaker (:mod:`registry.live.watch`).
+* Heartbeats: the timer thread wakes when the next one is due (:mod:`registry.live.heartbeat`).
 
 Every publish is one state-database transaction guarded by the session still running and by
 our claim, so nothing is published after the completion, and the completion follows the last
@@ -29,13 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from registry.abc import Event, EventListener, EventType, SessionState, WatchPattern
-from registry.events import EventDraft
-from registry.heartbeat import Slot, clamp_interval, read_delta
-from registry.hooks import OutputHooks
-from registry.procinfo import Identity, alive
+from registry.live.heartbeat import Slot, clamp_interval, read_delta
+from registry.live.watch import Breaker, LineBuffer, Matcher, Verdict, WatchGate, decode_line
+from registry.output.hooks import OutputHooks
+from registry.proc.identity import Identity, alive
 from registry.settings import RegistrySettings
-from registry.store import HeartbeatMark, SessionStore, StoredSession, WatchMark
-from registry.watch import Breaker, LineBuffer, Matcher, Verdict, WatchGate, decode_line
+from registry.store.events import EventDraft
+from registry.store.sessions import HeartbeatMark, SessionStore, StoredSession, WatchMark
 from scope.foundation.clock import Clock
 from scope.foundation.procstat import read_stat
 

@@ -2,8 +2,8 @@
 
 Reading and acknowledging its events, counting completions not published yet, handing a
 running session to another owner, and an owner's teardown. The events themselves are stored
-by :mod:`registry.events` (in the transactions of :mod:`registry.store`); this part checks the
-requests and routes them.
+by :mod:`registry.store.events` (in the transactions of :mod:`registry.store.sessions`); this
+part checks the requests and routes them.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from registry.abc import (
     TeardownReport,
 )
 from registry.errors import HandoffRefused, RegistryError
-from registry.events import EventDraft
-from registry.parts import Parts
-from registry.reconciling import Reconciler
-from registry.sessiondir import SessionDir
-from registry.store import HandoffResult
+from registry.keeper.files import SessionDir
+from registry.lifecycle.parts import Parts
+from registry.lifecycle.reconcile import Reconciler
+from registry.store.events import EventDraft
+from registry.store.sessions import HandoffResult
 from scope.foundation.errors import UsageError
 
 __all__ = ["MAX_NOTE_CHARS", "OwnerDesk", "check_handoff", "handoff_note", "owned_by"]

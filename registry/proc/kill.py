@@ -12,7 +12,7 @@ recorded worker, or members started after it once the leader is gone), the desce
 worker and of everything already found, and every process whose environment carries the
 session's marker (``DISPATCH_SESSION_ID``; that finds double-forked daemons re-parented to
 init). The keeper is never among them: it must live to write the exit record. Every signal
-goes through a pidfd after the start time was re-checked (:func:`registry.procinfo.send`).
+goes through a pidfd after the start time was re-checked (:func:`registry.proc.identity.send`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from registry.procinfo import Identity, alive, descendants, group, marked, send, table
+from registry.proc.identity import Identity, alive, descendants, group, marked, send, table
 from scope.abc import Scoper
 from scope.foundation.procstat import read_stat
 

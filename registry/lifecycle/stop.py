@@ -2,7 +2,7 @@
 
 The intent (state to record, reason, time) is stored before anything is signalled, so that
 whichever instance finalizes the session records ``killed`` (or ``timed_out``) rather than a
-plain exit; the kill policy itself (identity, escalation, survivors) is :mod:`registry.kill`.
+plain exit; the kill policy itself (identity, escalation, survivors) is :mod:`registry.proc.kill`.
 A kill never reports a final state while something survives.
 """
 
@@ -16,14 +16,14 @@ from pathlib import Path
 
 from registry.abc import Session, SessionState, Snapshot
 from registry.errors import RegistryError
-from registry.finalizing import Finalizer
-from registry.kill import stop_session
-from registry.parts import Parts
-from registry.procinfo import Identity, alive
-from registry.reconciling import Reconciler, identity
-from registry.sessiondir import ExitRecord, SessionDir
-from registry.store import KillIntent, StoredSession
-from registry.viewing import Viewer
+from registry.keeper.files import ExitRecord, SessionDir
+from registry.lifecycle.finalize import Finalizer
+from registry.lifecycle.parts import Parts
+from registry.lifecycle.reconcile import Reconciler, identity
+from registry.lifecycle.view import Viewer
+from registry.proc.identity import Identity, alive
+from registry.proc.kill import stop_session
+from registry.store.sessions import KillIntent, StoredSession
 from scope.abc import Placement
 
 __all__ = ["Stopper"]

@@ -14,7 +14,7 @@ file                      writer  content
 ========================  ======  ============================================================
 
 The directory is 0700 and every file 0600. The keeper writes its JSON with its own tiny encoder
-(see :mod:`registry.keeper`); this module reads and writes the same shapes with :mod:`json`.
+(see :mod:`registry.keeper.program`); this module reads and writes the same shapes with :mod:`json`.
 
 A damaged directory (an exit record that is not the JSON a keeper writes, a log missing after
 the keeper started, a directory or file owned by someone else or writable by group/others) is
@@ -39,7 +39,7 @@ from typing import Any
 
 from registry.abc import SessionState
 from registry.errors import RegistryError
-from registry.state import ensure_private_dir
+from registry.store.database import ensure_private_dir
 
 __all__ = [
     "ExitRecord",
@@ -354,7 +354,7 @@ def keeper_spec(
     ready_fd: int | None,
     pty_size: tuple[int, int] = (24, 80),
 ) -> dict[str, Any]:
-    """The spec document the keeper reads (see :mod:`registry.keeper`)."""
+    """The spec document the keeper reads (see :mod:`registry.keeper.program`)."""
     return {
         "version": SPEC_FORMAT,
         "session": session_id,

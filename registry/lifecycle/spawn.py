@@ -17,17 +17,17 @@ from dataclasses import dataclass
 
 from registry.abc import Session, SessionState, SpawnRequest
 from registry.errors import RegistryError, SpawnRefused
-from registry.finalizing import Finalizer
-from registry.guard import GatewayIdentity, gateway_kill_reason
-from registry.heartbeat import clamp_interval
-from registry.launch import await_ready, keeper_command, worker_argv
-from registry.parts import LaunchOptions, Parts
-from registry.procinfo import MARKER_ENV
-from registry.reconciling import Reconciler
-from registry.sessiondir import SessionDir, keeper_spec, sessions_root
-from registry.state import ensure_private_dir
-from registry.store import Placed
-from registry.watch import parse_patterns
+from registry.keeper.files import SessionDir, keeper_spec, sessions_root
+from registry.keeper.start import await_ready, keeper_command, worker_argv
+from registry.lifecycle.finalize import Finalizer
+from registry.lifecycle.parts import LaunchOptions, Parts
+from registry.lifecycle.reconcile import Reconciler
+from registry.live.heartbeat import clamp_interval
+from registry.live.watch import parse_patterns
+from registry.proc.identity import MARKER_ENV
+from registry.proc.refusal import GatewayIdentity, gateway_kill_reason
+from registry.store.database import ensure_private_dir
+from registry.store.sessions import Placed
 from scope.abc import GATE_ENV, Launched, LaunchSpec, Placement
 from scope.foundation.errors import UsageError
 from scope.foundation.procstat import read_stat

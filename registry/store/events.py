@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from registry.abc import AckResult, Event, EventType, Owner, SessionState
-from registry.state import StateDB
+from registry.store.database import StateDB
 
 __all__ = ["EventDraft", "EventStore", "new_event_id", "owner_filter"]
 

@@ -15,11 +15,11 @@ import subprocess
 from pathlib import Path
 
 from registry.abc import Event, EventType, Session, SessionState
-from registry.events import EventDraft
-from registry.parts import Parts
-from registry.sessiondir import ExitRecord, SessionDir
-from registry.store import Counted, FinalFields, StoredSession
-from registry.viewing import Viewer
+from registry.keeper.files import ExitRecord, SessionDir
+from registry.lifecycle.parts import Parts
+from registry.lifecycle.view import Viewer
+from registry.store.events import EventDraft
+from registry.store.sessions import Counted, FinalFields, StoredSession
 
 __all__ = ["Finalizer"]
 

@@ -1,13 +1,14 @@
 """The cron ledger's tables in the state database (component ``cron``) and their migrations.
 
 Apart from the ledger's code so that opening the state database (every command does) costs
-only these strings. New columns come as new :class:`~registry.state.Migration` steps appended
-to :data:`COMPONENT`; never edit a released step.
+only these strings. New columns come as new
+:class:`~registry.store.database.Migration` steps appended to :data:`COMPONENT`; never edit a
+released step.
 """
 
 from __future__ import annotations
 
-from registry.state import Component, Migration
+from registry.store.database import Component, Migration
 
 __all__ = ["COMPONENT", "SCHEMA_V1"]
 
