@@ -41,6 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scope.abc import CallerKind, Placement
+from scope.foundation.ids import IdKind
+
+SESSION_IDS = IdKind(name="session", prefix="s_", digits=12, listing="dispatch ps --all")
+"""Session ids: ``s_`` + 12 hex digits, looked up by prefix as every id is
+(:func:`scope.foundation.ids.lookup`)."""
 
 
 class SessionState(enum.StrEnum):
@@ -368,8 +373,10 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     def resolve(self, prefix: str) -> Session:
-        """The session whose id starts with ``prefix`` (at least 4 characters; the ``s_`` may
-        be omitted). Raises NotFoundError or AmbiguousId (exit 2, lists candidates)."""
+        """The session whose id starts with ``prefix``, by the one id rule
+        (:func:`scope.foundation.ids.lookup` with :data:`SESSION_IDS`: at least 4 characters
+        as typed, the ``s_`` may be omitted). Raises IdTooShort, NotFoundError or AmbiguousId
+        (all exit 2; AmbiguousId lists the candidates)."""
 
     @abc.abstractmethod
     def list_sessions(self, *, include_finished: bool = False) -> list[Session]:

@@ -13,7 +13,6 @@ Output handed out passes the same hooks as in the real registry (redaction on by
 
 from __future__ import annotations
 
-import secrets
 import signal as signals
 import threading
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 from registry.abc import (
     MAX_HANDOFFS,
+    SESSION_IDS,
     AckResult,
     Event,
     EventListener,
@@ -38,7 +38,7 @@ from registry.abc import (
     WaitOutcome,
     WaitResult,
 )
-from registry.errors import AmbiguousId, HandoffRefused, RegistryError
+from registry.errors import HandoffRefused, RegistryError
 from registry.lifecycle.owners import check_handoff, handoff_note, owned_by
 from registry.live.heartbeat import clamp_interval
 from registry.live.watch import parse_patterns
@@ -49,6 +49,7 @@ from registry.store.events import new_event_id
 from registry.store.retention import due_for_pruning
 from scope.abc import Placement, Scoper
 from scope.foundation.errors import NotFoundError
+from scope.foundation.ids import MAX_CANDIDATES, lookup
 
 DEFAULT_OUTPUT_CHARS = 2000
 
@@ -209,7 +210,7 @@ class FakeRegistry(Registry):
             placement = decision.placement
             if decision.warn:
                 warning = f"{decision.cause}; {decision.remedy}"
-        sid = "s_" + secrets.token_hex(6)
+        sid = SESSION_IDS.new()
         if placement is Placement.SCOPED:
             unit = "-".join(("dispatch", request.caller.value, *request.unit_parts, sid)) + ".scope"
         argv = (request.argv,) if isinstance(request.argv, str) else tuple(request.argv)
@@ -262,15 +263,11 @@ class FakeRegistry(Registry):
             raise NotFoundError("session", session_id) from None
 
     def resolve(self, prefix: str) -> Session:
-        if prefix in self.sessions:
-            return self.sessions[prefix]
-        wanted = prefix if prefix.startswith("s_") else "s_" + prefix
-        matches = [sid for sid in self.sessions if sid.startswith(wanted)]
-        if len(prefix) < 4 or not prefix.removeprefix("s_") or not matches:
-            raise NotFoundError("session", prefix)
-        if len(matches) > 1:
-            raise AmbiguousId("session", prefix, sorted(matches))
-        return self.sessions[matches[0]]
+        return self.get(lookup(prefix, SESSION_IDS, starting=self._ids_starting))
+
+    def _ids_starting(self, prefix: str) -> list[str]:
+        with self._cond:
+            return sorted(sid for sid in self.sessions if sid.startswith(prefix))[:MAX_CANDIDATES]
 
     def list_sessions(self, *, include_finished: bool = False) -> list[Session]:
         found = [s for s in self.sessions.values() if include_finished or not s.finished]

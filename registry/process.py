@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from registry.abc import (
+    SESSION_IDS,
     AckResult,
     Event,
     EventListener,
@@ -49,7 +50,7 @@ from registry.abc import (
     WaitOutcome,
     WaitResult,
 )
-from registry.errors import AmbiguousId, RegistryError
+from registry.errors import RegistryError
 from registry.keeper.files import SessionDir
 from registry.keeper.start import KEEPER_SCRIPT, keeper_command
 from registry.lifecycle.finalize import Finalizer
@@ -70,8 +71,7 @@ from registry.store.events import EventStore
 from registry.store.sessions import SessionStore
 from scope.abc import Scoper
 from scope.foundation.clock import Clock, SystemClock
-from scope.foundation.errors import NotFoundError, UsageError
-from scope.foundation.text import quote, strip_blanks
+from scope.foundation.ids import lookup
 
 __all__ = [
     "EXACT_CUT_BYTES",
@@ -86,8 +86,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("dispatch.registry")
-
-_HEX = set("0123456789abcdef")
 
 
 class ProcessRegistry(Registry):
@@ -202,22 +200,7 @@ class ProcessRegistry(Registry):
         return self.reconciler.refresh(self.parts.load(session_id)).session
 
     def resolve(self, prefix: str) -> Session:
-        text = strip_blanks(prefix)
-        body = text.removeprefix("s_")
-        # "At least 4 characters" of the id as typed: s_3f9a and 3f9a both qualify.
-        if len(text) < 4 or not body:
-            raise UsageError(
-                f"session id {quote(prefix)} is too short",
-                remedy="give at least 4 characters of the id (see 'dispatch ps --all')",
-            )
-        if not set(body) <= _HEX:
-            raise NotFoundError("session", prefix, remedy="see 'dispatch ps --all' for ids")
-        matches = self.store.ids_with_prefix("s_" + body)
-        if not matches:
-            raise NotFoundError("session", prefix, remedy="see 'dispatch ps --all' for ids")
-        if len(matches) > 1:
-            raise AmbiguousId("session", prefix, matches)
-        return self.get(matches[0])
+        return self.get(lookup(prefix, SESSION_IDS, starting=self.store.ids_with_prefix))
 
     def list_sessions(self, *, include_finished: bool = False) -> list[Session]:
         found = []

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from registry.abc import Owner, Session, SessionState, WaitOutcome
-from registry.errors import AmbiguousId, RegistryError
+from registry.errors import RegistryError
 from registry.proc.identity import Identity, alive
 from registry.process import ProcessRegistry
 from scope.fake import FakeScoper
 from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.ids import AmbiguousId
 from tests.support.leaks import LeakGuard
 from tests.support.wait import wait_for
 from tests.test_registry_support import (

@@ -85,8 +85,10 @@ class BoardStore(abc.ABC):
 
     @abc.abstractmethod
     def resolve_card(self, text: str) -> Card:
-        """The card whose id starts with ``text`` (``c_`` optional, at least 4 characters
-        after it). NotFoundError, AmbiguousId (lists candidates) or BadCard (malformed)."""
+        """The card whose id starts with ``text``, by the one id rule
+        (:func:`scope.foundation.ids.lookup`: ``c_`` optional, at least 4 characters as typed).
+        IdTooShort, NotFoundError (unknown or malformed) or AmbiguousId (lists candidates),
+        all exit 2."""
 
     @abc.abstractmethod
     def list_cards(

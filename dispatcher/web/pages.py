@@ -15,7 +15,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from dispatcher.kanban.errors import BadCard
 from dispatcher.kanban.model import MOVE_TARGETS, CardStatus, Run
 from dispatcher.web import views
 from dispatcher.web.live import present
@@ -23,6 +22,7 @@ from dispatcher.web.site import Site
 from dispatcher.web.text import TAIL_BYTES, tail_start
 from registry.abc import Session
 from scope.foundation.errors import NotFoundError
+from scope.foundation.ids import IdTooShort
 
 SESSIONS_SHOWN = 200
 HISTORY_ROWS = 50
@@ -91,10 +91,10 @@ async def board(request: Request) -> Response:
 
 
 def resolve_card_id(site: Site, text: str) -> str:
-    """The full id of the card ``text`` names (a malformed id is as unknown as a missing one)."""
+    """The full id of the card ``text`` names (a too short id is as unknown as a missing one)."""
     try:
         return site.source.store.resolve_card(text).id
-    except BadCard:
+    except IdTooShort:
         raise NotFoundError("card", text) from None
 
 
@@ -192,7 +192,7 @@ async def run_page(request: Request) -> Response:
     def find() -> Run:
         try:
             return site.source.store.resolve_run(given)
-        except BadCard:
+        except IdTooShort:
             raise NotFoundError("run", given) from None
 
     run = await site.run(find)

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import subprocess
 from dataclasses import dataclass
 
-from registry.abc import Session, SessionState, SpawnRequest
+from registry.abc import SESSION_IDS, Session, SessionState, SpawnRequest
 from registry.errors import RegistryError, SpawnRefused
 from registry.keeper.files import SessionDir, keeper_spec, sessions_root
 from registry.keeper.start import await_ready, keeper_command, worker_argv
@@ -60,7 +59,7 @@ activation, a caller "inside a unit"), so spawn never passes them on."""
 
 def new_session_id() -> str:
     """``s_`` + 12 hex digits."""
-    return "s_" + secrets.token_hex(6)
+    return SESSION_IDS.new()
 
 
 @dataclass(frozen=True, kw_only=True)

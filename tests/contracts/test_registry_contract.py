@@ -31,13 +31,14 @@ from registry.abc import (
     SpawnRequest,
     WaitOutcome,
 )
-from registry.errors import AmbiguousId, HandoffRefused
+from registry.errors import HandoffRefused
 from registry.fake import FakeRegistry
 from registry.settings import RegistrySettings
 from scope import open_scoper
 from scope.abc import Placement, Policy, Scoper
 from scope.foundation.clock import FakeClock
 from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.ids import AmbiguousId, IdKind, IdTooShort
 from scope.settings import ScopeSettings
 from tests.support.systemd import SystemdManager
 from tests.test_events_support import ECHO
@@ -139,13 +140,31 @@ def test_lookup(subject: Subject) -> None:
     session = subject.finish(0, b"")
     assert registry.resolve(session.id[:8]).id == session.id
     assert registry.resolve(session.id[2:8]).id == session.id
+    assert registry.resolve(f"  {session.id[:6].upper().replace('S_', 's_')} ").id == session.id
+    assert registry.resolve(session.id[:4]).id == session.id  # 4 characters as typed
     with pytest.raises(NotFoundError):
         registry.get("s_ffffffffffff")
-    with pytest.raises((NotFoundError, UsageError)):
-        registry.resolve("s_ab")
+    with pytest.raises(IdTooShort) as short:
+        registry.resolve(session.id[:3])
+    assert short.value.exit_code == 2 and "at least 4 characters" in short.value.message
+    with pytest.raises(NotFoundError, match="look like s_"):
+        registry.resolve("nosuch")
     with pytest.raises(NotFoundError):
-        registry.resolve("s_ffffffffffff")
-    assert isinstance(AmbiguousId("session", "abcd", ["a", "b"]), UsageError)
+        registry.resolve("s_ffffffffffff" if not session.id.startswith("s_ffff") else "s_0000")
+
+
+def test_an_ambiguous_prefix_lists_every_candidate(
+    subject: Subject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = iter(["s_abcd00000001", "s_abcd00000002"])
+    monkeypatch.setattr(IdKind, "new", lambda kind: next(made))
+    twins = [subject.finish(0, b"").id for _ in range(2)]
+    assert twins == ["s_abcd00000001", "s_abcd00000002"]
+    with pytest.raises(AmbiguousId) as caught:
+        subject.registry.resolve("abcd")
+    assert caught.value.fields["candidates"] == twins
+    assert caught.value.exit_code == 2 and isinstance(caught.value, UsageError)
+    assert subject.registry.resolve("s_abcd00000002").id == twins[1]
 
 
 def test_find_by_owner(subject: Subject) -> None:
