@@ -48,6 +48,7 @@ from registry.settings import RegistrySettings
 from registry.store.events import new_event_id
 from registry.store.retention import due_for_pruning
 from scope.abc import Placement, Scoper
+from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, lookup
 
@@ -63,13 +64,13 @@ class FakeRegistry(Registry):
     def __init__(
         self,
         scoper: Scoper | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
         hooks: OutputHooks | None = None,
         output_chars: int = DEFAULT_OUTPUT_CHARS,
         settings: RegistrySettings | None = None,
     ) -> None:
         self.scoper = scoper
-        self.clock = clock
+        self.clock: Clock = clock or SystemClock()
         self.settings = settings or RegistrySettings()
         """Only ``finished_ttl`` and ``max_sessions`` (pruning) are used."""
         self.hooks = hooks if hooks is not None else OutputHooks(redactor=Redactor())
@@ -118,7 +119,7 @@ class FakeRegistry(Registry):
                 state=state,
                 exit_code=None if signal else exit_code,
                 signal=signal,
-                finished_at=self.clock(),
+                finished_at=self.clock.time(),
                 completion_reason=reason,
                 total_bytes=len(self.outputs[session_id]),
             )
@@ -180,7 +181,7 @@ class FakeRegistry(Registry):
             type=type,
             session_id=session.id,
             owner=session.owner,
-            created_at=self.clock(),
+            created_at=self.clock.time(),
             position=len(self.event_log) + 1,
             state=session.state,
             exit_code=session.exit_code if final else None,
@@ -216,7 +217,7 @@ class FakeRegistry(Registry):
         argv = (request.argv,) if isinstance(request.argv, str) else tuple(request.argv)
         watch = parse_patterns(request.watch)
         heartbeat = None if request.heartbeat is None else clamp_interval(request.heartbeat)
-        now = self.clock()
+        now = self.clock.time()
         failed = argv[0] in self.failed_start_argv0
         session = Session(
             id=sid,
@@ -374,7 +375,7 @@ class FakeRegistry(Registry):
         return []
 
     def prune(self, *, now: float | None = None) -> int:
-        when = self.clock() if now is None else now
+        when = self.clock.time() if now is None else now
         with self._cond:
             ids = set(
                 due_for_pruning(
@@ -431,7 +432,9 @@ class FakeRegistry(Registry):
                 elif self.event_log[where].acked_at is not None:
                     already.append(event_id)
                 else:
-                    self.event_log[where] = replace(self.event_log[where], acked_at=self.clock())
+                    self.event_log[where] = replace(
+                        self.event_log[where], acked_at=self.clock.time()
+                    )
                     acked.append(event_id)
         return AckResult(acked=tuple(acked), already=tuple(already), unknown=tuple(unknown))
 

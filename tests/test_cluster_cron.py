@@ -36,7 +36,7 @@ class Host:
         self.name = name
         self.stamp = HostStamp(host_id=name, epoch=1)
         self.ledger = PgLedger(db, self.stamp)
-        self.registry = FakeRegistry(clock=clock.time)
+        self.registry = FakeRegistry(clock=clock)
         self.local = open_state(tmp / name)
         self.scheduler = CronScheduler(
             CronSettings(jobs=jobs),

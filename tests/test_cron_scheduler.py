@@ -50,7 +50,7 @@ class World:
         self.tmp_path = tmp_path
         self.db: StateDB = open_state(tmp_path / "state")
         self.clock = FakeClock(T0)
-        self.registry = FakeRegistry(clock=self.clock.time)
+        self.registry = FakeRegistry(clock=self.clock)
         self.ledger = Ledger(self.db)
         self.schedulers: list[CronScheduler] = []
 

@@ -35,6 +35,7 @@ from registry.process import ProcessRegistry
 from registry.store.database import StateDB
 from scope.errors import ManagerLost
 from scope.fake import FakeScoper
+from scope.foundation.clock import FakeClock
 from tests.support.wait import wait_for
 from tests.test_registry_support import settings as registry_settings
 
@@ -189,7 +190,7 @@ def through_cron(world: World, fault: Fault) -> tuple[Outcome | None, bool, str]
         environ=world.environ,
         state_dir=world.state_dir,
         claimant=Claimant.current(instance=True).token(),
-        clock=lambda: NOW,
+        clock=FakeClock(NOW),
         config_path=world.config,
     )
     with ledger.transaction() as tx:

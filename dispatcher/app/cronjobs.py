@@ -99,7 +99,7 @@ class CronJobs:
             environ=self.environ,
             state_dir=self.state_dir,
             claimant=Claimant.current(instance=True).token(),
-            clock=SystemClock().time,
+            clock=SystemClock(),
             config_path=self.config_path,
         )
         runner.reconcile({job.id: job for job in self.settings.cron.jobs})

@@ -12,7 +12,7 @@ processes settling the same fire cannot both win (and only the winner runs ``on_
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from dispatcher.launch.outcome import Outcome, Result, outcome_of
 from dispatcher.launch.setup import Workplace
 from registry.abc import Owner, OwnerKind, Registry, Session, SpawnRequest
 from scope.abc import CallerKind
+from scope.foundation.clock import Clock
 from scope.foundation.errors import DispatchError
 
 __all__ = ["ON_FAILURE_SUFFIX", "FireRunner", "Settled", "build_request"]
@@ -109,7 +110,7 @@ class FireRunner:
         environ: Mapping[str, str],
         state_dir: Path,
         claimant: str,
-        clock: Callable[[], float],
+        clock: Clock,
         config_path: Path | None = None,
     ) -> None:
         self.ledger = ledger
@@ -180,7 +181,9 @@ class FireRunner:
     ) -> Settled | None:
         """Move a row to ``done`` with ``result`` (compare-and-set); run ``on_failure`` when
         this call settled a failure. Returns None when someone else settled it first."""
-        if not self.ledger.update(row_id, expect, _final_change(result, session, self.clock())):
+        if not self.ledger.update(
+            row_id, expect, _final_change(result, session, self.clock.time())
+        ):
             return None
         record = self.ledger.get(row_id)
         hook = None

@@ -123,7 +123,7 @@ class CronScheduler:
             environ=self.environ,
             state_dir=Path(state_dir) if state_dir is not None else db.path.parent,
             claimant=self.claimant,
-            clock=self.clock.time,
+            clock=self.clock,
             config_path=config_path,
         )
         self._lock = threading.RLock()

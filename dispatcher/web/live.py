@@ -25,7 +25,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ from dispatcher.kanban.model import Event
 from dispatcher.web.source import Source
 from dispatcher.web.text import LogChunker, inert
 from registry.abc import Session
+from scope.foundation.clock import Clock, SystemClock
 
 INTERVAL = 0.15
 """Seconds between two looks at the board (and the followed logs)."""
@@ -83,20 +83,20 @@ class LogFollower:
         session_id: str,
         offset: int,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self.source = source
         self.session_id = session_id
         self.session = source.registry().get(session_id)
         self.path = self.session.log_path
         self.ended = False
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()
         self._read = offset
         self._chunker = LogChunker(offset)
         self._out: list[str] = []
         self._lock = threading.Lock()
         self._checked = 0.0
-        self._moved = clock()
+        self._moved = self._clock.monotonic()
 
     @property
     def offset(self) -> int:
@@ -108,7 +108,7 @@ class LogFollower:
         if self.ended:
             return False
         news = False
-        now = self._clock()
+        now = self._clock.monotonic()
         data = _read_from(self.path, self._read)
         if data:
             self._read += len(data)
@@ -193,11 +193,11 @@ class Hub:
         source: Source,
         *,
         interval: float = INTERVAL,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self.source = source
         self.interval = interval
-        self.clock = clock
+        self.clock: Clock = clock or SystemClock()
         self.gen = 0
         self._changes: collections.deque[tuple[int, Change]] = collections.deque(maxlen=KEEP)
         self._state = _State()
@@ -355,7 +355,7 @@ class Hub:
 
     def _note(self, err: Exception) -> None:
         text = str(getattr(err, "message", None) or err) or type(err).__name__
-        now = self.clock()
+        now = self.clock.monotonic()
         # Once per distinct problem and minute: a database that stays broken is not a log flood.
         if text != self._state.logged or now - self._state.logged_at >= 60:
             _log.warning("dispatch web: cannot read the state: %s", text)
@@ -373,7 +373,7 @@ class Hub:
         for follower in followers:
             if follower.poll():
                 news = True
-        now = self.clock()
+        now = self.clock.monotonic()
         for watch in watches:
             if now >= watch.due:
                 watch.due = now + watch.interval
@@ -389,7 +389,7 @@ class Hub:
 
     def _look_at_board(self) -> bool:
         state = self._state
-        now = self.clock()
+        now = self.clock.monotonic()
         if now - state.refreshed >= REFRESH_EVERY:
             state.refreshed = now
             if self.source.store.open_runs():

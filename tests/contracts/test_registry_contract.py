@@ -68,9 +68,7 @@ class Subject:
 
 def _fake() -> Subject:
     clock = FakeClock(start=time.time())
-    fake = FakeRegistry(
-        clock=clock.time, settings=RegistrySettings(finished_ttl=TTL, max_sessions=KEEP)
-    )
+    fake = FakeRegistry(clock=clock, settings=RegistrySettings(finished_ttl=TTL, max_sessions=KEEP))
 
     def finish(code: int, output: bytes) -> Session:
         clock.advance(1.0)  # distinct finishing times, as real sessions have
