@@ -16,10 +16,11 @@ from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.hosts import Hosts
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cluster.rescue import Rescuer
-from dispatcher.cron.ledger import Outcome, Status
+from dispatcher.cron.records import Status
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings
 from dispatcher.cron.zones import fixed_zone
+from dispatcher.launch.outcome import Outcome
 from registry.fake import FakeRegistry
 from scope.foundation.clock import FakeClock
 

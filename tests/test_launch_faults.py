@@ -21,7 +21,8 @@ import pytest
 
 from dispatcher.app.database import open_state
 from dispatcher.cron.firing import FireRunner
-from dispatcher.cron.ledger import Kind, Ledger, Status
+from dispatcher.cron.ledger import Ledger
+from dispatcher.cron.records import Kind, Status
 from dispatcher.cron.settings import CronJob
 from dispatcher.kanban.board import Board
 from dispatcher.kanban.settings import Assignee, KanbanSettings

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.changes import FireChange
-from dispatcher.cron.ledger import FAILURE_OUTCOMES, FireRecord, Ledger, Status
+from dispatcher.cron.records import FAILURE_OUTCOMES, FireRecord, Status
 from dispatcher.cron.settings import CronJob
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.core import LaunchCore, Orphan, Recorded
@@ -104,7 +105,7 @@ class FireRunner:
 
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: LedgerStore,
         registry: Registry,
         *,
         environ: Mapping[str, str],
