@@ -16,7 +16,7 @@ what it does (all in ``registry/lifecycle/``)::
                                    final fields, completion draft, announce
       Reconciler     reconcile.py  refresh from files and processes, adopt, follow
       Stopper        stop.py       kill (intent, policy, final state)
-      Viewer         view.py       output as text (hooks applied) and raw bytes
+      Viewer         view.py       output as text (hooks applied), the log read and followed
       OwnerDesk      owners.py     events, ack, pending completions, handoff, teardown
 
 Events (:mod:`registry.store.events`): settling stores the completion event of a notifying
@@ -39,6 +39,8 @@ from registry.abc import (
     Event,
     EventListener,
     FinishListener,
+    LogFollow,
+    OutputTimes,
     OutputTransform,
     Owner,
     Registry,
@@ -46,6 +48,7 @@ from registry.abc import (
     SessionState,
     Snapshot,
     SpawnRequest,
+    Stamp,
     TeardownReport,
     WaitOutcome,
     WaitResult,
@@ -53,6 +56,7 @@ from registry.abc import (
 from registry.errors import RegistryError
 from registry.keeper.files import SessionDir
 from registry.keeper.start import KEEPER_SCRIPT, keeper_command
+from registry.keeper.times import LogTimes
 from registry.lifecycle.finalize import Finalizer
 from registry.lifecycle.owners import MAX_NOTE_CHARS, OwnerDesk, owned_by
 from registry.lifecycle.parts import LaunchOptions, Parts, Tracking
@@ -64,6 +68,7 @@ from registry.lifecycle.view import EXACT_CUT_BYTES, Viewer
 from registry.live.follower import Follower
 from registry.live.notifier import Notifier
 from registry.output.hooks import OutputHooks
+from registry.output.log import FileLog
 from registry.proc.refusal import GatewayIdentity
 from registry.settings import RegistrySettings
 from registry.store.database import StateDB
@@ -238,10 +243,40 @@ class ProcessRegistry(Registry):
         head: int | None = None,
         tail_lines: int | None = None,
         byte_range: tuple[int, int] | None = None,
+        since: float | None = None,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
     ) -> bytes:
         return self.viewer.read_log(
-            self.parts.load(session_id), head=head, tail_lines=tail_lines, byte_range=byte_range
+            self.parts.load(session_id),
+            head=head,
+            tail_lines=tail_lines,
+            byte_range=byte_range,
+            since=since,
+            stamp=stamp,
+            hooks=hooks,
         )
+
+    def log_size(self, session_id: str) -> int | None:
+        return FileLog(self.parts.load(session_id).session.log_path).size()
+
+    def follow_log(
+        self,
+        session_id: str,
+        offset: int = 0,
+        *,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
+        timeout: float | None = None,
+    ) -> LogFollow:
+        stored = self.parts.load(session_id)
+        return self.viewer.follow(self, stored, offset, stamp=stamp, hooks=hooks, timeout=timeout)
+
+    def output_times(self, session_id: str) -> OutputTimes:
+        return LogTimes(self.parts.load(session_id).session.log_path)
+
+    def apply_hooks(self, session: Session, text: str, *, purpose: str) -> str:
+        return self.viewer.handed(text, session, session.exit_code, purpose)
 
     def write_stdin(self, session_id: str, data: bytes) -> None:
         stored = self.reconciler.refresh(self.parts.load(session_id))

@@ -214,7 +214,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
             ctx.emit_json(session_json(session))
         return 0
     if args.follow:
-        followed = stream(ctx, registry, session, 0, timeout=timeout)
+        followed = stream(ctx, registry.follow_log(session.id, 0, timeout=timeout))
         if followed is None:
             ctx.warn(f"{session.id} still running after {args.timeout}; it keeps running")
             return EXIT_TIMEOUT

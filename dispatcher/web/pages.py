@@ -8,7 +8,6 @@ show something the page itself would not. Unknown ids raise NotFoundError (404).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -102,7 +101,7 @@ def log_tail(site: Site, session: Session) -> tuple[str, int, bool]:
     """The end of a session's log as inert text, the offset where a live tail continues and
     whether earlier output was left out."""
     registry = site.source.registry()
-    size = _size(session.log_path)
+    size = registry.log_size(session.id) or 0
     start = max(0, size - TAIL_BYTES)
     data = registry.read_log(session.id, byte_range=(start, size))
     begin = tail_start(data, start)
@@ -111,13 +110,6 @@ def log_tail(site: Site, session: Session) -> tuple[str, int, bool]:
         # A running worker's unfinished line is left to the live tail, which shows it whole.
         body = body[: body.rfind(b"\n") + 1]
     return present(site.source, session, body), begin + len(body), begin > 0
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
 
 
 def _log_session(site: Site, runs: list[Run]) -> Session | None:

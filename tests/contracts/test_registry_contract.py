@@ -41,6 +41,7 @@ from scope.foundation.errors import NotFoundError, UsageError
 from scope.foundation.ids import AmbiguousId, IdKind, IdTooShort
 from scope.settings import ScopeSettings
 from tests.support.systemd import SystemdManager
+from tests.support.wait import wait_for
 from tests.test_events_support import ECHO
 from tests.test_registry_support import SLEEPER, open_registry
 from tests.test_registry_support import request as make_request
@@ -62,6 +63,8 @@ class Subject:
     """End a running :data:`ECHO` session with exit 0 and output ``bye``."""
     now: Callable[[], float]
     """The wall time the registry stamps ``finished_at`` with."""
+    say: Callable[[Session, bytes], None]
+    """Make a running :data:`ECHO` session write these lines."""
     placement: Placement
     """Where a default CLI spawn is placed."""
 
@@ -78,7 +81,10 @@ def _fake() -> Subject:
     def end(session: Session) -> Session:
         return fake.finish(session.id, exit_code=0, output=b"bye\n")
 
-    return Subject(fake, finish, end, clock.time, Placement.IN_PROCESS)
+    def say(session: Session, lines: bytes) -> None:
+        fake.write(session.id, lines)
+
+    return Subject(fake, finish, end, clock.time, say, Placement.IN_PROCESS)
 
 
 @contextlib.contextmanager
@@ -94,7 +100,10 @@ def _process(state_dir: Path, scoper: Scoper | None, placement: Placement) -> It
             real.write_stdin(session.id, b"bye\nquit\n")
             return real.wait(session.id, timeout=15).snapshot.session
 
-        yield Subject(real, finish, end, time.time, placement)
+        def say(session: Session, lines: bytes) -> None:
+            real.write_stdin(session.id, lines)  # ECHO writes them back
+
+        yield Subject(real, finish, end, time.time, say, placement)
 
 
 @pytest.fixture(
@@ -203,6 +212,67 @@ def test_running_kill_wait_and_listeners(subject: Subject) -> None:
     assert again.session == snap.session
     assert registry.wait(session.id, timeout=1).outcome is WaitOutcome.FINISHED
     assert seen == [session.id]
+
+
+# -- output ------------------------------------------------------------------------------------
+
+LOG = b"a\nb\npassword=hunter2\nd"
+
+
+def test_reading_a_log_selects_then_presents(subject: Subject) -> None:
+    registry = subject.registry
+    session = subject.finish(0, LOG)
+    sid = session.id
+    assert registry.log_size(sid) == len(LOG)
+    assert registry.read_log(sid) == LOG  # raw: byte for byte
+    assert registry.read_log(sid, head=3) == b"a\nb"
+    assert registry.read_log(sid, tail_lines=2) == b"password=hunter2\nd"
+    assert registry.read_log(sid, tail_lines=0) == b""
+    assert registry.read_log(sid, byte_range=(2, 5)) == b"b\np"
+    assert registry.read_log(sid, byte_range=(0, 4), tail_lines=1) == b"b\n"
+    assert registry.read_log(sid, tail_lines=2, hooks=True) == b"password=***\nd"
+    assert registry.apply_hooks(session, "password=hunter2", purpose="logs") == "password=***"
+    times = registry.output_times(sid)
+    assert times.known and times.offset_since(0.0) == 0
+    arrived = times.time_at(0)
+    assert arrived is not None and arrived <= subject.now() + 1.0
+    assert registry.read_log(sid, since=0.0) == LOG
+    assert registry.read_log(sid, since=subject.now() + 3600) == b""
+    assert registry.read_log(sid, stamp=lambda t: "T", tail_lines=2) == b"T password=hunter2\nT d"
+    both = registry.read_log(sid, stamp=lambda t: "T", hooks=True, since=0.0)
+    assert both == b"T a\nT b\nT password=***\nT d"
+
+
+def test_following_a_log_until_its_session_ends(subject: Subject) -> None:
+    registry = subject.registry
+    session = _spawn(registry)
+    raw = registry.follow_log(session.id)
+    hooked = registry.follow_log(session.id, hooks=True)
+    subject.say(session, b"password=hunter2\n")
+    first = next(raw)  # waits for the output
+    assert first and b"password=hunter2\n".startswith(first)
+    assert raw.session is None  # still running
+    subject.end(session)
+    assert first + b"".join(raw) == b"password=hunter2\nbye\n"
+    assert raw.session is not None and raw.session.state is SessionState.EXITED
+    assert b"".join(hooked) == b"password=***\nbye\n"  # hooked whole lines
+    assert hooked.session == raw.session
+    assert b"".join(registry.follow_log(session.id, 9)) == b"hunter2\nbye\n"  # from an offset
+
+
+def test_a_follow_that_times_out_leaves_the_worker_running(subject: Subject) -> None:
+    registry = subject.registry
+    session = _spawn(registry)
+    follow = registry.follow_log(session.id, timeout=0.2)
+    assert b"".join(follow) == b"" and follow.session is None
+    assert registry.get(session.id).state is SessionState.RUNNING
+    polled = registry.follow_log(session.id)
+    assert polled.read_new() == b"" and polled.offset == 0  # never waits
+    subject.say(session, b"late\n")
+    seen = bytearray()
+    wait_for(lambda: seen.extend(polled.read_new()) or bytes(seen) == b"late\n", 10, what="line")
+    assert polled.offset == 5
+    subject.end(session)
 
 
 # -- pruning -----------------------------------------------------------------------------------
