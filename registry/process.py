@@ -62,7 +62,7 @@ from registry.lifecycle.owners import MAX_NOTE_CHARS, OwnerDesk, owned_by
 from registry.lifecycle.parts import LaunchOptions, Parts, Tracking
 from registry.lifecycle.prune import prune_sessions
 from registry.lifecycle.reconcile import STARTING_GRACE, Reconciler
-from registry.lifecycle.spawn import SERVICE_ENV, Spawner, new_session_id
+from registry.lifecycle.spawn import Spawner, new_session_id
 from registry.lifecycle.stop import Stopper
 from registry.lifecycle.view import EXACT_CUT_BYTES, Viewer
 from registry.live.follower import Follower
@@ -82,7 +82,6 @@ __all__ = [
     "EXACT_CUT_BYTES",
     "KEEPER_SCRIPT",
     "MAX_NOTE_CHARS",
-    "SERVICE_ENV",
     "STARTING_GRACE",
     "ProcessRegistry",
     "keeper_command",

@@ -32,7 +32,7 @@ from dispatcher.cli.parser import Parser, Subparsers, add_group, path_arg
 from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, report
 from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, WatchPattern
-from registry.proc.identity import MARKER_ENV
+from registry.environment import MARKER_ENV
 from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
 from scope.foundation.text import quote

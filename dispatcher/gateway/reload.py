@@ -152,7 +152,7 @@ def _confirmed_holder(state_dir: Path, expect_pid: int | None) -> Holder:
 
 
 def _send_hup(holder: Holder) -> bool:
-    from registry.proc.identity import Identity, send
+    from registry.proc import Identity, send
 
     assert holder.start_ticks is not None
     return send(Identity(pid=holder.pid, start=holder.start_ticks), signal.SIGHUP)
