@@ -1,4 +1,5 @@
-"""dispatcher/'s branch of the error tree (the root and tree drawing are in :mod:`scope.errors`).
+"""dispatcher/'s branch of the error tree (the root and the whole tree are drawn in
+:mod:`scope.foundation.errors`).
 
 ::
 

@@ -28,7 +28,9 @@ acknowledging sees the same ids again and deduplicates by id.
 
 Output hooks: every text of output the registry hands to a program (poll/wait/kill snapshots,
 previews, event outputs) first passes the owner's transform hook (if any), then redaction of
-secrets. The hook gets a :class:`HookContext` naming the *owning* session.
+secrets. The hook gets a :class:`HookContext` naming the *owning* session. Callers read a log
+only through the registry (:meth:`Registry.read_log`, ``follow_log``, ``log_size``,
+``output_times``, ``apply_hooks``), raw by default (``dispatch logs``), hooked on request.
 """
 
 from __future__ import annotations
@@ -36,11 +38,16 @@ from __future__ import annotations
 import abc
 import enum
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from scope.abc import CallerKind, Placement
+from scope.foundation.ids import IdKind
+
+SESSION_IDS = IdKind(name="session", prefix="s_", digits=12, listing="dispatch ps --all")
+"""Session ids: ``s_`` + 12 hex digits, looked up by prefix as every id is
+(:func:`scope.foundation.ids.lookup`)."""
 
 
 class SessionState(enum.StrEnum):
@@ -329,7 +336,7 @@ class HookContext:
     """None while the session runs."""
     purpose: str
     """``poll``, ``wait``, ``kill``, ``preview``, ``completion``, ``heartbeat``, ``watch``,
-    ``logs``."""
+    ``logs``, ``web``."""
 
 
 OutputTransform = Callable[[str, HookContext], str]
@@ -347,6 +354,53 @@ class TeardownReport:
     """Completion events it never acknowledged (acknowledged by the teardown)."""
     errors: tuple[str, ...] = ()
     """Sessions that could not be killed, in words."""
+
+
+class OutputTimes(abc.ABC):
+    """When a session's output arrived (:meth:`Registry.output_times`): the keeper notes a log
+    offset and the wall time at most every 50 ms, so a byte's time is that of the last note at
+    or before its offset (output within one step shares the earlier time)."""
+
+    @property
+    @abc.abstractmethod
+    def known(self) -> bool:
+        """False for a session whose keeper kept no times (keepers before they did)."""
+
+    @abc.abstractmethod
+    def time_at(self, offset: int) -> float | None:
+        """When the byte at ``offset`` arrived (None before the first note)."""
+
+    @abc.abstractmethod
+    def offset_since(self, moment: float) -> int | None:
+        """The first log offset whose output arrived at or after ``moment`` (None: nothing
+        arrived since)."""
+
+
+Stamp = Callable[[float], str]
+"""Formats the arrival time a line of ``dispatch logs --timestamps`` starts with."""
+
+
+class LogFollow(Iterator[bytes]):
+    """A session's log as it grows (:meth:`Registry.follow_log`).
+
+    Iterating blocks until new bytes arrive and yields them (presented as asked), and stops
+    once the session is final and everything it wrote was handed out (:attr:`session` is then
+    the final session) or the timeout elapsed (:attr:`session` stays None; the worker keeps
+    running). :meth:`read_new` is the same without waiting, for callers with a loop of their
+    own."""
+
+    session: Session | None = None
+    """The final session, once the iteration ended because the session did."""
+
+    @property
+    @abc.abstractmethod
+    def offset(self) -> int:
+        """The log offset of the next byte to read."""
+
+    @abc.abstractmethod
+    def read_new(self, limit: int = 4 << 20) -> bytes:
+        """What the log gained since the last read (at most ``limit`` raw bytes, presented);
+        b"" when nothing is new. Never waits."""
 
 
 class Registry(abc.ABC):
@@ -368,8 +422,10 @@ class Registry(abc.ABC):
 
     @abc.abstractmethod
     def resolve(self, prefix: str) -> Session:
-        """The session whose id starts with ``prefix`` (at least 4 characters; the ``s_`` may
-        be omitted). Raises NotFoundError or AmbiguousId (exit 2, lists candidates)."""
+        """The session whose id starts with ``prefix``, by the one id rule
+        (:func:`scope.foundation.ids.lookup` with :data:`SESSION_IDS`: at least 4 characters
+        as typed, the ``s_`` may be omitted). Raises IdTooShort, NotFoundError or AmbiguousId
+        (all exit 2; AmbiguousId lists the candidates)."""
 
     @abc.abstractmethod
     def list_sessions(self, *, include_finished: bool = False) -> list[Session]:
@@ -398,6 +454,8 @@ class Registry(abc.ABC):
         Never kills anything: on timeout or interrupt the worker keeps running and stays
         tracked."""
 
+    # -- output: the one way to read a session's log ---------------------------------------
+
     @abc.abstractmethod
     def read_log(
         self,
@@ -406,8 +464,47 @@ class Registry(abc.ABC):
         head: int | None = None,
         tail_lines: int | None = None,
         byte_range: tuple[int, int] | None = None,
+        since: float | None = None,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
     ) -> bytes:
-        """Raw bytes of the session's log (all of it when no selector is given)."""
+        """Bytes of the session's log, raw (byte for byte what the worker wrote) unless asked.
+
+        Selection, in this order: ``byte_range`` (start, end) narrows to those bytes (default:
+        all); ``since`` keeps the lines that start at or after the first byte that arrived at
+        or after that wall time; ``tail_lines`` keeps the last N lines (a last line without a
+        newline counts), ``head`` the first N bytes. Presentation: ``stamp`` starts every line
+        with the time its first byte arrived (``-`` when unknown); ``hooks`` then applies the
+        output hooks (purpose ``logs``) to the text, decoded as UTF-8 (U+FFFD for bad bytes)."""
+
+    @abc.abstractmethod
+    def log_size(self, session_id: str) -> int | None:
+        """Bytes in the session's log now; None when it has no log file (removed, or its
+        keeper never started)."""
+
+    @abc.abstractmethod
+    def follow_log(
+        self,
+        session_id: str,
+        offset: int = 0,
+        *,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
+        timeout: float | None = None,
+    ) -> LogFollow:
+        """Follow the log from ``offset`` until the session ends (or ``timeout`` elapses),
+        presented as :meth:`read_log` does; with ``hooks`` a line is handed out once whole (or
+        at the end), so a secret split across two reads is masked whole."""
+
+    @abc.abstractmethod
+    def output_times(self, session_id: str) -> OutputTimes:
+        """When the session's output arrived (``dispatch logs --since/--timestamps``)."""
+
+    @abc.abstractmethod
+    def apply_hooks(self, session: Session, text: str, *, purpose: str) -> str:
+        """``text`` (output of ``session``) after the output hooks: the transform hook, then
+        redaction, as every output a program gets (for callers that reshape raw log bytes
+        first, such as a web page making them inert)."""
 
     @abc.abstractmethod
     def write_stdin(self, session_id: str, data: bytes) -> None:

@@ -1,10 +1,10 @@
-"""registry/'s branch of the error tree (the root and tree drawing are in :mod:`scope.errors`).
+"""registry/'s branch of the error tree (the root and the whole tree are drawn in
+:mod:`scope.foundation.errors`; an unknown, too short or ambiguous id is a usage error from
+:mod:`scope.foundation.ids`).
 
 ::
 
     DispatchError
-    ├── UsageError
-    │   └── AmbiguousId          an id prefix matches several sessions/cards/runs (exit 2)
     └── RegistryError            spawning, killing or reading a session failed
         ├── StateError           the state database is unusable or from a newer version
         │   ├── StateDamaged     not a database / malformed (store/database.py)
@@ -16,11 +16,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from scope.foundation.errors import DispatchError, UsageError
-from scope.foundation.text import quote
+from scope.foundation.errors import DispatchError
 
 
 class RegistryError(DispatchError):
@@ -60,19 +58,3 @@ class HandoffRefused(RegistryError):
 
     def describe(self) -> str:
         return f"cannot hand off session {self.fields['session']}: {self.fields['reason']}"
-
-
-class AmbiguousId(UsageError):
-    """An id prefix matches more than one object; lists the candidates."""
-
-    def __init__(self, kind: str, prefix: str, candidates: Sequence[str]) -> None:
-        super().__init__(kind=kind, prefix=prefix, candidates=list(candidates))
-
-    def describe(self) -> str:
-        shown = ", ".join(self.fields["candidates"][:10])
-        more = len(self.fields["candidates"]) - 10
-        tail = f" and {more} more" if more > 0 else ""
-        return (
-            f"ambiguous {self.fields['kind']} id {quote(self.fields['prefix'])}: matches "
-            f"{shown}{tail}; give more characters"
-        )

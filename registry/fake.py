@@ -5,15 +5,18 @@ ends them with :meth:`FakeRegistry.finish` and listeners fire as with the real r
 placement comes from an optional :class:`~scope.abc.Scoper` (so refusals and degrades follow
 the real placement table) or defaults to ``in_process``.
 
+Output lives in memory (:attr:`FakeRegistry.outputs`, with the arrival times that
+:meth:`FakeRegistry.write` and ``finish`` note) and is read, followed and presented by the
+same code as the real registry's log (:mod:`registry.output.log`); output handed out passes
+the same hooks as in the real registry (redaction on by default).
+
 Events follow the contract in memory: a notifying session's :meth:`FakeRegistry.finish`
 publishes one completion event (ids, per-session sequence numbers, acknowledgement, routing,
 handoffs, teardown); :meth:`FakeRegistry.publish` lets a test add heartbeat or watch events.
-Output handed out passes the same hooks as in the real registry (redaction on by default).
 """
 
 from __future__ import annotations
 
-import secrets
 import signal as signals
 import threading
 import time
@@ -23,32 +26,40 @@ from typing import Any
 
 from registry.abc import (
     MAX_HANDOFFS,
+    SESSION_IDS,
     AckResult,
     Event,
     EventListener,
     EventType,
     FinishListener,
+    LogFollow,
+    OutputTimes,
     Owner,
     Registry,
     Session,
     SessionState,
     Snapshot,
     SpawnRequest,
+    Stamp,
     TeardownReport,
     WaitOutcome,
     WaitResult,
 )
-from registry.errors import AmbiguousId, HandoffRefused, RegistryError
+from registry.errors import HandoffRefused, RegistryError
 from registry.lifecycle.owners import check_handoff, handoff_note, owned_by
 from registry.live.heartbeat import clamp_interval
 from registry.live.watch import parse_patterns
 from registry.output.hooks import OutputHooks
+from registry.output.log import ArrivalTimes, BufferLog, Following, Presenter
+from registry.output.log import read as read_of
 from registry.output.redact import Redactor
 from registry.settings import RegistrySettings
 from registry.store.events import new_event_id
 from registry.store.retention import due_for_pruning
 from scope.abc import Placement, Scoper
+from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import NotFoundError
+from scope.foundation.ids import MAX_CANDIDATES, lookup
 
 DEFAULT_OUTPUT_CHARS = 2000
 
@@ -62,13 +73,13 @@ class FakeRegistry(Registry):
     def __init__(
         self,
         scoper: Scoper | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
         hooks: OutputHooks | None = None,
         output_chars: int = DEFAULT_OUTPUT_CHARS,
         settings: RegistrySettings | None = None,
     ) -> None:
         self.scoper = scoper
-        self.clock = clock
+        self.clock: Clock = clock or SystemClock()
         self.settings = settings or RegistrySettings()
         """Only ``finished_ttl`` and ``max_sessions`` (pruning) are used."""
         self.hooks = hooks if hooks is not None else OutputHooks(redactor=Redactor())
@@ -83,6 +94,8 @@ class FakeRegistry(Registry):
         self._by_owner: dict[Owner, str] = {}
         """The newest session of each owner (the real store's owner index)."""
         self.outputs: dict[str, bytearray] = {}
+        self.times: dict[str, ArrivalTimes] = {}
+        """When each session's output arrived (noted by :meth:`write` and :meth:`finish`)."""
         self.stdin: dict[str, bytearray] = {}
         self.requests: dict[str, SpawnRequest] = {}
         self.spawn_errors: list[BaseException] = []
@@ -109,7 +122,7 @@ class FakeRegistry(Registry):
             session = self.get(session_id)
             if session.finished:
                 return session
-            self.outputs[session_id] += output
+            self._append(session_id, output)
             if reason is None:
                 reason = f"killed by {signal}" if signal else f"exited with code {exit_code}"
             done = replace(
@@ -117,7 +130,7 @@ class FakeRegistry(Registry):
                 state=state,
                 exit_code=None if signal else exit_code,
                 signal=signal,
-                finished_at=self.clock(),
+                finished_at=self.clock.time(),
                 completion_reason=reason,
                 total_bytes=len(self.outputs[session_id]),
             )
@@ -137,6 +150,19 @@ class FakeRegistry(Registry):
         self._emit(event)
         self._notify(done)
         return done
+
+    def write(self, session_id: str, data: bytes) -> None:
+        """Test control: a running session's worker writes ``data`` (noted at the clock's time)."""
+        with self._cond:
+            if self.get(session_id).finished:
+                raise RegistryError(f"session {session_id} is finished", session=session_id)
+            self._append(session_id, data)
+            self._cond.notify_all()
+
+    def _append(self, session_id: str, data: bytes) -> None:
+        if data:
+            self.times[session_id].note(len(self.outputs[session_id]), self.clock.time())
+            self.outputs[session_id] += data
 
     def publish(
         self,
@@ -179,7 +205,7 @@ class FakeRegistry(Registry):
             type=type,
             session_id=session.id,
             owner=session.owner,
-            created_at=self.clock(),
+            created_at=self.clock.time(),
             position=len(self.event_log) + 1,
             state=session.state,
             exit_code=session.exit_code if final else None,
@@ -209,13 +235,13 @@ class FakeRegistry(Registry):
             placement = decision.placement
             if decision.warn:
                 warning = f"{decision.cause}; {decision.remedy}"
-        sid = "s_" + secrets.token_hex(6)
+        sid = SESSION_IDS.new()
         if placement is Placement.SCOPED:
             unit = "-".join(("dispatch", request.caller.value, *request.unit_parts, sid)) + ".scope"
         argv = (request.argv,) if isinstance(request.argv, str) else tuple(request.argv)
         watch = parse_patterns(request.watch)
         heartbeat = None if request.heartbeat is None else clamp_interval(request.heartbeat)
-        now = self.clock()
+        now = self.clock.time()
         failed = argv[0] in self.failed_start_argv0
         session = Session(
             id=sid,
@@ -244,6 +270,7 @@ class FakeRegistry(Registry):
             self.sessions[sid] = session
             self._by_owner[request.owner] = sid
             self.outputs[sid] = bytearray()
+            self.times[sid] = ArrivalTimes()
             self.stdin[sid] = bytearray()
             self.requests[sid] = request
         if failed:
@@ -262,15 +289,11 @@ class FakeRegistry(Registry):
             raise NotFoundError("session", session_id) from None
 
     def resolve(self, prefix: str) -> Session:
-        if prefix in self.sessions:
-            return self.sessions[prefix]
-        wanted = prefix if prefix.startswith("s_") else "s_" + prefix
-        matches = [sid for sid in self.sessions if sid.startswith(wanted)]
-        if len(prefix) < 4 or not prefix.removeprefix("s_") or not matches:
-            raise NotFoundError("session", prefix)
-        if len(matches) > 1:
-            raise AmbiguousId("session", prefix, sorted(matches))
-        return self.sessions[matches[0]]
+        return self.get(lookup(prefix, SESSION_IDS, starting=self._ids_starting))
+
+    def _ids_starting(self, prefix: str) -> list[str]:
+        with self._cond:
+            return sorted(sid for sid in self.sessions if sid.startswith(prefix))[:MAX_CANDIDATES]
 
     def list_sessions(self, *, include_finished: bool = False) -> list[Session]:
         found = [s for s in self.sessions.values() if include_finished or not s.finished]
@@ -338,17 +361,54 @@ class FakeRegistry(Registry):
         head: int | None = None,
         tail_lines: int | None = None,
         byte_range: tuple[int, int] | None = None,
+        since: float | None = None,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
     ) -> bytes:
+        session = self.get(session_id)
+        return read_of(
+            BufferLog(self.outputs[session_id]),
+            lambda: self.times[session_id],
+            head=head,
+            tail_lines=tail_lines,
+            byte_range=byte_range,
+            since=since,
+            stamp=stamp,
+            hooks=self._logs_hooks(session) if hooks else None,
+        )
+
+    def log_size(self, session_id: str) -> int | None:
         self.get(session_id)
-        data = bytes(self.outputs[session_id])
-        if byte_range is not None:
-            return data[byte_range[0] : byte_range[1]]
-        if head is not None:
-            return data[:head]
-        if tail_lines is not None:
-            lines = data.splitlines(keepends=True)
-            return b"".join(lines[-tail_lines:]) if tail_lines else b""
-        return data
+        return len(self.outputs[session_id])
+
+    def follow_log(
+        self,
+        session_id: str,
+        offset: int = 0,
+        *,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
+        timeout: float | None = None,
+    ) -> LogFollow:
+        session = self.get(session_id)
+        presenter = Presenter.asked(
+            offset,
+            times=lambda: self.times[session_id],
+            stamp=stamp,
+            hooks=self._logs_hooks(session) if hooks else None,
+        )
+        log = BufferLog(self.outputs[session_id])
+        return Following(self, session_id, log, offset, presenter, timeout=timeout)
+
+    def output_times(self, session_id: str) -> OutputTimes:
+        self.get(session_id)
+        return self.times[session_id]
+
+    def apply_hooks(self, session: Session, text: str, *, purpose: str) -> str:
+        return self._handed(text, session, session.exit_code, purpose)
+
+    def _logs_hooks(self, session: Session) -> Callable[[str], str]:
+        return lambda text: self._handed(text, session, session.exit_code, "logs")
 
     def write_stdin(self, session_id: str, data: bytes) -> None:
         self.get(session_id)
@@ -377,7 +437,7 @@ class FakeRegistry(Registry):
         return []
 
     def prune(self, *, now: float | None = None) -> int:
-        when = self.clock() if now is None else now
+        when = self.clock.time() if now is None else now
         with self._cond:
             ids = set(
                 due_for_pruning(
@@ -387,7 +447,7 @@ class FakeRegistry(Registry):
                 )
             )
             for session_id in ids:
-                for table in (self.sessions, self.outputs, self.stdin, self.requests):
+                for table in (self.sessions, self.outputs, self.times, self.stdin, self.requests):
                     table.pop(session_id, None)
             self._by_owner = {o: sid for o, sid in self._by_owner.items() if sid not in ids}
             # As in the real store: acknowledged events and handoffs go with the session;
@@ -434,7 +494,9 @@ class FakeRegistry(Registry):
                 elif self.event_log[where].acked_at is not None:
                     already.append(event_id)
                 else:
-                    self.event_log[where] = replace(self.event_log[where], acked_at=self.clock())
+                    self.event_log[where] = replace(
+                        self.event_log[where], acked_at=self.clock.time()
+                    )
                     acked.append(event_id)
         return AckResult(acked=tuple(acked), already=tuple(already), unknown=tuple(unknown))
 

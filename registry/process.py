@@ -16,7 +16,7 @@ what it does (all in ``registry/lifecycle/``)::
                                    final fields, completion draft, announce
       Reconciler     reconcile.py  refresh from files and processes, adopt, follow
       Stopper        stop.py       kill (intent, policy, final state)
-      Viewer         view.py       output as text (hooks applied) and raw bytes
+      Viewer         view.py       output as text (hooks applied), the log read and followed
       OwnerDesk      owners.py     events, ack, pending completions, handoff, teardown
 
 Events (:mod:`registry.store.events`): settling stores the completion event of a notifying
@@ -34,10 +34,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from registry.abc import (
+    SESSION_IDS,
     AckResult,
     Event,
     EventListener,
     FinishListener,
+    LogFollow,
+    OutputTimes,
     OutputTransform,
     Owner,
     Registry,
@@ -45,24 +48,27 @@ from registry.abc import (
     SessionState,
     Snapshot,
     SpawnRequest,
+    Stamp,
     TeardownReport,
     WaitOutcome,
     WaitResult,
 )
-from registry.errors import AmbiguousId, RegistryError
+from registry.errors import RegistryError
 from registry.keeper.files import SessionDir
 from registry.keeper.start import KEEPER_SCRIPT, keeper_command
+from registry.keeper.times import LogTimes
 from registry.lifecycle.finalize import Finalizer
 from registry.lifecycle.owners import MAX_NOTE_CHARS, OwnerDesk, owned_by
 from registry.lifecycle.parts import LaunchOptions, Parts, Tracking
 from registry.lifecycle.prune import prune_sessions
 from registry.lifecycle.reconcile import STARTING_GRACE, Reconciler
-from registry.lifecycle.spawn import SERVICE_ENV, Spawner, new_session_id
+from registry.lifecycle.spawn import Spawner, new_session_id
 from registry.lifecycle.stop import Stopper
 from registry.lifecycle.view import EXACT_CUT_BYTES, Viewer
 from registry.live.follower import Follower
 from registry.live.notifier import Notifier
 from registry.output.hooks import OutputHooks
+from registry.output.log import FileLog
 from registry.proc.refusal import GatewayIdentity
 from registry.settings import RegistrySettings
 from registry.store.database import StateDB
@@ -70,14 +76,12 @@ from registry.store.events import EventStore
 from registry.store.sessions import SessionStore
 from scope.abc import Scoper
 from scope.foundation.clock import Clock, SystemClock
-from scope.foundation.errors import NotFoundError, UsageError
-from scope.foundation.text import quote, strip_blanks
+from scope.foundation.ids import lookup
 
 __all__ = [
     "EXACT_CUT_BYTES",
     "KEEPER_SCRIPT",
     "MAX_NOTE_CHARS",
-    "SERVICE_ENV",
     "STARTING_GRACE",
     "ProcessRegistry",
     "keeper_command",
@@ -86,8 +90,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("dispatch.registry")
-
-_HEX = set("0123456789abcdef")
 
 
 class ProcessRegistry(Registry):
@@ -202,22 +204,7 @@ class ProcessRegistry(Registry):
         return self.reconciler.refresh(self.parts.load(session_id)).session
 
     def resolve(self, prefix: str) -> Session:
-        text = strip_blanks(prefix)
-        body = text.removeprefix("s_")
-        # "At least 4 characters" of the id as typed: s_3f9a and 3f9a both qualify.
-        if len(text) < 4 or not body:
-            raise UsageError(
-                f"session id {quote(prefix)} is too short",
-                remedy="give at least 4 characters of the id (see 'dispatch ps --all')",
-            )
-        if not set(body) <= _HEX:
-            raise NotFoundError("session", prefix, remedy="see 'dispatch ps --all' for ids")
-        matches = self.store.ids_with_prefix("s_" + body)
-        if not matches:
-            raise NotFoundError("session", prefix, remedy="see 'dispatch ps --all' for ids")
-        if len(matches) > 1:
-            raise AmbiguousId("session", prefix, matches)
-        return self.get(matches[0])
+        return self.get(lookup(prefix, SESSION_IDS, starting=self.store.ids_with_prefix))
 
     def list_sessions(self, *, include_finished: bool = False) -> list[Session]:
         found = []
@@ -255,10 +242,40 @@ class ProcessRegistry(Registry):
         head: int | None = None,
         tail_lines: int | None = None,
         byte_range: tuple[int, int] | None = None,
+        since: float | None = None,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
     ) -> bytes:
         return self.viewer.read_log(
-            self.parts.load(session_id), head=head, tail_lines=tail_lines, byte_range=byte_range
+            self.parts.load(session_id),
+            head=head,
+            tail_lines=tail_lines,
+            byte_range=byte_range,
+            since=since,
+            stamp=stamp,
+            hooks=hooks,
         )
+
+    def log_size(self, session_id: str) -> int | None:
+        return FileLog(self.parts.load(session_id).session.log_path).size()
+
+    def follow_log(
+        self,
+        session_id: str,
+        offset: int = 0,
+        *,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
+        timeout: float | None = None,
+    ) -> LogFollow:
+        stored = self.parts.load(session_id)
+        return self.viewer.follow(self, stored, offset, stamp=stamp, hooks=hooks, timeout=timeout)
+
+    def output_times(self, session_id: str) -> OutputTimes:
+        return LogTimes(self.parts.load(session_id).session.log_path)
+
+    def apply_hooks(self, session: Session, text: str, *, purpose: str) -> str:
+        return self.viewer.handed(text, session, session.exit_code, purpose)
 
     def write_stdin(self, session_id: str, data: bytes) -> None:
         stored = self.reconciler.refresh(self.parts.load(session_id))

@@ -16,10 +16,11 @@ from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.hosts import Hosts
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cluster.rescue import Rescuer
-from dispatcher.cron.ledger import Outcome, Status
+from dispatcher.cron.records import Status
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings
 from dispatcher.cron.zones import fixed_zone
+from dispatcher.launch.outcome import Outcome
 from registry.fake import FakeRegistry
 from scope.foundation.clock import FakeClock
 
@@ -36,7 +37,7 @@ class Host:
         self.name = name
         self.stamp = HostStamp(host_id=name, epoch=1)
         self.ledger = PgLedger(db, self.stamp)
-        self.registry = FakeRegistry(clock=clock.time)
+        self.registry = FakeRegistry(clock=clock)
         self.local = open_state(tmp / name)
         self.scheduler = CronScheduler(
             CronSettings(jobs=jobs),

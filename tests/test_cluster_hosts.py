@@ -26,6 +26,7 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
+from scope.foundation.clock import FakeClock
 
 pytestmark = pytest.mark.postgres
 
@@ -177,7 +178,7 @@ def test_the_per_host_budget(db: ClusterDB, hosts: Hosts) -> None:
 
 def test_skew_is_measured_against_the_database(hosts: Hosts) -> None:
     assert abs(hosts.measure_skew()) < 1.0
-    assert hosts.measure_skew(lambda: 0.0) < -1e9
+    assert hosts.measure_skew(FakeClock(0.0)) < -1e9
 
 
 def test_dispatch_hosts_lists_leases(

@@ -69,7 +69,7 @@ class Rig:
         self.port = int(url.rsplit(":", 1)[1].split("/")[0])
         self.proxy = TcpProxy(self.port)
         self.clock = FakeClock(start=time.time())
-        self.registry = FakeRegistry(clock=self.clock.time)
+        self.registry = FakeRegistry(clock=self.clock)
         self.changes: list[Change] = []
         self.state_dir = tmp / "alpha"
         self.state_dir.mkdir(mode=0o700)

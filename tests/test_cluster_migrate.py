@@ -12,7 +12,8 @@ from dispatcher.cluster.board import PgBoardStore
 from dispatcher.cluster.database import ClusterDB, ClusterError
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cluster.migrate import migrate
-from dispatcher.cron.ledger import Kind, Ledger, Status
+from dispatcher.cron.ledger import Ledger
+from dispatcher.cron.records import Kind, Status
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,

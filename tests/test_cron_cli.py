@@ -208,7 +208,7 @@ def test_history_rows(cli: Cli) -> None:
     settings = load_config(cli.config).settings
     db = open_state(cli.state)
     clock = FakeClock(1_767_225_000.0)  # 2025-12-31T23:50:00Z
-    registry = FakeRegistry(clock=clock.time)
+    registry = FakeRegistry(clock=clock)
     scheduler = CronScheduler(
         settings.cron, registry, db, clock=clock, zone_resolver=fixed_zone("UTC")
     )

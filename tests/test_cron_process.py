@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from dispatcher.app.runtime import Runtime, open_runtime
-from dispatcher.cron.ledger import FireRecord, Kind, Ledger, Status
+from dispatcher.cron.ledger import Ledger
+from dispatcher.cron.records import FireRecord, Kind, Status
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CronJob, CronSettings, OverlapPolicy
 from dispatcher.cron.waker import CronWaker

@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 
 from dispatcher.app.database import open_state
+from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.errors import CronError
-from dispatcher.cron.ledger import FireRecord, Kind, Ledger, Status
+from dispatcher.cron.ledger import Ledger
+from dispatcher.cron.memory import MemoryLedger
+from dispatcher.cron.records import FireRecord, Kind, Status
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.cron.zones import fixed_zone
@@ -46,12 +49,12 @@ def job(job_id: str = "j", **values: Any) -> CronJob:
 class World:
     """A database, a fake clock, a fake registry and schedulers on them."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *, ledger: LedgerStore | None = None) -> None:
         self.tmp_path = tmp_path
         self.db: StateDB = open_state(tmp_path / "state")
         self.clock = FakeClock(T0)
-        self.registry = FakeRegistry(clock=self.clock.time)
-        self.ledger = Ledger(self.db)
+        self.registry = FakeRegistry(clock=self.clock)
+        self.ledger = ledger if ledger is not None else Ledger(self.db)
         self.schedulers: list[CronScheduler] = []
 
     def scheduler(self, *jobs: CronJob, zone: str = "UTC", **settings: Any) -> CronScheduler:
@@ -64,6 +67,7 @@ class World:
             state_dir=self.tmp_path / "state",
             zone_resolver=fixed_zone(zone),
             rng=random.Random(5),
+            ledger=self.ledger,
         )
         self.schedulers.append(scheduler)
         return scheduler
@@ -116,6 +120,24 @@ def test_a_new_job_starts_from_now_and_fires_on_schedule(world: World) -> None:
     assert request.cwd == str(world.tmp_path / "state")
     assert tuple(request.argv) == ("work",)
     assert row.placement == "in_process"
+
+
+def test_the_scheduler_runs_over_the_in_memory_ledger(tmp_path: Path) -> None:
+    world = World(tmp_path, ledger=MemoryLedger())
+    try:
+        s = world.scheduler(job())
+        s.tick()
+        report = s.tick(world.at("2026-01-05T10:00:00.003"))
+        assert [r.fire_key for r in report.decided] == ["j@2026-01-05T10:00:00"]
+        world.finish_all(exit_code=3)
+        s.tick(world.at("2026-01-05T10:00:01"))
+        assert world.outcomes() == [("j@2026-01-05T10:00:00", "failed")]
+        with world.db.read() as conn:  # nothing went to the SQLite ledger
+            assert conn.execute("SELECT count(*) FROM cron_fires").fetchone()[0] == 0
+    finally:
+        for scheduler in world.schedulers:
+            scheduler.stop()
+        world.db.close()
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from registry.abc import EventType, Owner, SessionState
+from registry.environment import SERVICE_ENV
 from registry.errors import HandoffRefused
 from registry.keeper.files import SessionDir
-from registry.process import SERVICE_ENV
 from tests.support.leaks import LeakGuard
 from tests.support.procs import ProcessIdentity, is_alive
 from tests.support.wait import wait_for

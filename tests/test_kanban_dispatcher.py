@@ -87,7 +87,7 @@ def make_rig(
     )
     clock = FakeClock()
     scoper = scoper or FakeScoper(clock=clock)
-    registry = FakeRegistry(scoper=scoper, clock=clock.time)
+    registry = FakeRegistry(scoper=scoper, clock=clock)
     state_dir = tmp_path / "state"
     with open_state(state_dir) as db:
         store = SqliteBoardStore(db)

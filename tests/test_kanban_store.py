@@ -17,8 +17,8 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.launch.claimant import Claimant
-from registry.errors import AmbiguousId
 from registry.store.database import StateDB
+from scope.foundation.ids import AmbiguousId
 
 NOW = 1_800_000_000.0
 ME = Claimant(pid=1, start=1, boot=None)

@@ -21,7 +21,8 @@ import pytest
 
 from dispatcher.app.database import open_state
 from dispatcher.cron.firing import FireRunner
-from dispatcher.cron.ledger import Kind, Ledger, Status
+from dispatcher.cron.ledger import Ledger
+from dispatcher.cron.records import Kind, Status
 from dispatcher.cron.settings import CronJob
 from dispatcher.kanban.board import Board
 from dispatcher.kanban.settings import Assignee, KanbanSettings
@@ -35,6 +36,7 @@ from registry.process import ProcessRegistry
 from registry.store.database import StateDB
 from scope.errors import ManagerLost
 from scope.fake import FakeScoper
+from scope.foundation.clock import FakeClock
 from tests.support.wait import wait_for
 from tests.test_registry_support import settings as registry_settings
 
@@ -189,7 +191,7 @@ def through_cron(world: World, fault: Fault) -> tuple[Outcome | None, bool, str]
         environ=world.environ,
         state_dir=world.state_dir,
         claimant=Claimant.current(instance=True).token(),
-        clock=lambda: NOW,
+        clock=FakeClock(NOW),
         config_path=world.config,
     )
     with ledger.transaction() as tx:

@@ -1,4 +1,5 @@
-"""Project-wide rules: import direction, documented config keys, no literal /tmp."""
+"""Project-wide rules: import direction (packages, dispatcher layers, registry parts and faces),
+documented config keys, no literal /tmp, module and function sizes."""
 
 from __future__ import annotations
 
@@ -152,18 +153,26 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("web", 6, ("dispatcher.web",)),
     ("cli", 7, ("dispatcher.cli",)),
 )
-_RANK = {layer: rank for layer, rank, _ in DISPATCHER_LAYERS}
+
+
+Layers = tuple[tuple[str, int, tuple[str, ...]], ...]
+
+
+def _layer_in(layers: Layers, module: str) -> str | None:
+    """The layer of ``module`` in ``layers`` (a package root such as ``dispatcher`` matches
+    only itself, not everything below it)."""
+    best: tuple[int, str] | None = None
+    for layer, _, modules in layers:
+        for prefix in modules:
+            inside = "." in prefix and module.startswith(prefix + ".")
+            if (module == prefix or inside) and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), layer)
+    return best[1] if best else None
 
 
 def _layer(module: str) -> str | None:
     """The layer of a dispatcher module (``dispatcher`` itself matches only exactly)."""
-    best: tuple[int, str] | None = None
-    for layer, _, modules in DISPATCHER_LAYERS:
-        for prefix in modules:
-            inside = prefix != "dispatcher" and module.startswith(prefix + ".")
-            if (module == prefix or inside) and (best is None or len(prefix) > best[0]):
-                best = (len(prefix), layer)
-    return best[1] if best else None
+    return _layer_in(DISPATCHER_LAYERS, module)
 
 
 def _existing_module(name: str) -> str | None:
@@ -178,20 +187,29 @@ def _existing_module(name: str) -> str | None:
     return None
 
 
-def _layer_offenders(path: Path) -> list[str]:
-    own = _layer(_module_of(path))
-    assert own is not None, f"{path.relative_to(ROOT)} is in no layer: add it to DISPATCHER_LAYERS"
+def _import_offenders(layers: Layers, module: str, names: set[str], where: str) -> list[str]:
+    """The imports ``names`` of ``module`` (shown as ``where``) that point up, or sideways to
+    another part of the same rank, in ``layers``."""
+    root = layers[0][2][0].split(".")[0]
+    rank = {layer: number for layer, number, _ in layers}
+    own = _layer_in(layers, module)
+    assert own is not None, f"{where} is in no layer: add it to the {root} layers"
     offenders: set[str] = set()
-    for name in _imports_of(path):
-        if name.split(".")[0] != "dispatcher":
+    for name in names:
+        if name.split(".")[0] != root:
             continue
         target = _existing_module(name)
-        layer = _layer(target) if target else None
+        layer = _layer_in(layers, target) if target else None
         if target is None or layer is None:
-            offenders.add(f"{path.relative_to(ROOT)} imports {name}, which is in no layer")
-        elif layer != own and _RANK[layer] >= _RANK[own]:
-            offenders.add(f"{path.relative_to(ROOT)} ({own}) imports {target} ({layer})")
+            offenders.add(f"{where} imports {name}, which is in no layer")
+        elif layer != own and rank[layer] >= rank[own]:
+            offenders.add(f"{where} ({own}) imports {target} ({layer})")
     return sorted(offenders)
+
+
+def _layer_offenders(path: Path, layers: Layers = DISPATCHER_LAYERS) -> list[str]:
+    where = str(path.relative_to(ROOT))
+    return _import_offenders(layers, _module_of(path), _imports_of(path), where)
 
 
 def test_dispatcher_layers_import_downward_only() -> None:
@@ -232,6 +250,112 @@ def test_import_scan_sees_local_relative_and_dynamic_imports() -> None:
     assert _layer("dispatcher.kanban.board") == "kanban"
     assert _layer("dispatcher.settings") == "app"
     assert _layer("dispatcher.nosuch") is None
+
+
+# -- registry/ by concept ----------------------------------------------------------------------
+
+REGISTRY_LAYERS: Layers = (
+    # (part, rank, modules): a module may import its own part and lower ranks only; parts that
+    # share a rank never import each other. The contract and its vocabulary stand below every
+    # part; the two implementations above them all.
+    (
+        "contract",
+        0,
+        (
+            "registry",
+            "registry.abc",
+            "registry.errors",
+            "registry.settings",
+            "registry.environment",
+        ),
+    ),
+    # Processes (identity, kill policy, refusal) and output as text (tail, hooks, the raw log
+    # read and followed) rest on nothing else of the registry.
+    ("proc", 1, ("registry.proc",)),
+    ("output", 1, ("registry.output",)),
+    # The state database and what the registry keeps in it.
+    ("store", 2, ("registry.store",)),
+    # The keeper, starting it, the session directory it shares, its output times.
+    ("keeper", 3, ("registry.keeper",)),
+    # The follower thread, heartbeat and watch events.
+    ("live", 4, ("registry.live",)),
+    # A session's life: spawn, stop, reconcile, finalize, owners, view, prune.
+    ("lifecycle", 5, ("registry.lifecycle",)),
+    ("process", 6, ("registry.process",)),
+    ("fake", 6, ("registry.fake",)),
+)
+
+REGISTRY_FACES = frozenset(
+    {
+        "registry",
+        "registry.abc",
+        "registry.errors",
+        "registry.settings",
+        "registry.environment",
+        "registry.process",
+        "registry.fake",
+        # Signalling a process known by identity (dispatch reload): the package's own face.
+        "registry.proc",
+        # The state database: every package registers its tables and opens the file with it.
+        "registry.store.database",
+        "registry.store.tables",
+        "registry.store.backup",
+    }
+)
+"""The registry modules code outside registry/ may import (tests may import anything): the
+contract, its vocabulary and the two implementations; output is read through the contract."""
+
+
+def test_registry_parts_import_downward_only() -> None:
+    offenders = [
+        line
+        for path in sorted((ROOT / "registry").rglob("*.py"))
+        for line in _layer_offenders(path, REGISTRY_LAYERS)
+    ]
+    assert not offenders, offenders
+
+
+def test_outside_registry_only_its_public_faces_are_imported() -> None:
+    offenders = []
+    for package in ("dispatcher", "scope"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name in _imports_of(path):
+                if name.split(".")[0] != "registry":
+                    continue
+                target = _existing_module(name)
+                if target not in REGISTRY_FACES:
+                    offenders.append(f"{path.relative_to(ROOT)} imports {target or name}")
+    assert not offenders, f"import these through a public face ({sorted(REGISTRY_FACES)}): " + (
+        ", ".join(offenders)
+    )
+
+
+def test_every_registry_part_and_face_names_real_modules() -> None:
+    for layer, _, modules in REGISTRY_LAYERS:
+        for module in modules:
+            assert _existing_module(module) == module, f"{layer}: {module} does not exist"
+    for face in REGISTRY_FACES:
+        assert _existing_module(face) == face, f"{face} does not exist"
+    parts = {p.name for p in (ROOT / "registry").iterdir() if (p / "__init__.py").is_file()}
+    named = {m.split(".")[1] for _, _, ms in REGISTRY_LAYERS for m in ms if m.count(".") == 1}
+    assert parts <= named, f"sub-packages in no layer: {sorted(parts - named)}"
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "caught"),
+    [
+        ("registry.store.sessions", "from registry.lifecycle.view import Viewer\n", True),
+        ("registry.output.log", "from ..proc.kill import stop_session\n", True),  # sideways
+        ("registry.abc", "import registry.keeper.files\n", True),
+        ("registry.fake", "from registry.process import ProcessRegistry\n", True),
+        ("registry.keeper.times", "from registry.output.log import ArrivalTimes\n", False),
+        ("registry.process", "from registry.lifecycle.spawn import Spawner\n", False),
+    ],
+)
+def test_the_part_map_names_an_upward_import(module: str, source: str, caught: bool) -> None:
+    package = module.rsplit(".", 1)[0]
+    names = _module_names(source, package)
+    assert bool(_import_offenders(REGISTRY_LAYERS, module, names, module)) is caught
 
 
 # -- sizes -------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.output.tail import LogReader, OutputTail, decode_tail
+from registry.output.log import LogReader
+from registry.output.tail import OutputTail, decode_tail
 
 
 def feed_in_chunks(tail: OutputTail, data: bytes, size: int) -> None:

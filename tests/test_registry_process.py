@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from registry.abc import Owner, Session, SessionState, WaitOutcome
-from registry.errors import AmbiguousId, RegistryError
+from registry.errors import RegistryError
 from registry.proc.identity import Identity, alive
 from registry.process import ProcessRegistry
 from scope.fake import FakeScoper
+from scope.foundation.clock import FakeClock
 from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.ids import AmbiguousId
 from tests.support.leaks import LeakGuard
 from tests.support.wait import wait_for
 from tests.test_registry_support import (
@@ -159,6 +161,21 @@ def test_kill_racing_a_natural_exit_records_the_truth(registry: ProcessRegistry)
     snap = registry.kill(session.id)
     assert snap.session.state is SessionState.EXITED
     assert snap.session.exit_code == 9
+
+
+def test_a_kill_stamps_the_injected_clock(tmp_path: Path) -> None:
+    # A fake clock far from the real one: every time the kill records must be the clock's.
+    clock = FakeClock(start=time.time() - 86_400)
+    with open_registry(tmp_path / "state", clock=clock) as registry:
+        session = registry.spawn(request(SLEEPER))
+        clock.advance(5.0)
+        snap = registry.kill(session.id, grace=5.0, reason="test kill")
+        stored = registry.store.get(session.id)
+    assert snap.session.state is SessionState.KILLED and snap.session.signal == "SIGTERM"
+    assert stored is not None and stored.kill is not None
+    assert stored.kill.requested_at == clock.time()
+    assert stored.kill.signalled_at == clock.time()
+    assert stored.kill.reason == "test kill"
 
 
 def test_session_timeout_kills_and_records_timed_out(registry: ProcessRegistry) -> None:

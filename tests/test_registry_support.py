@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from registry.abc import Owner, SpawnRequest
+from registry.environment import MARKER_ENV
 from registry.output.hooks import OutputHooks
-from registry.proc.identity import MARKER_ENV, table
+from registry.proc.identity import table
 from registry.process import KEEPER_SCRIPT, ProcessRegistry
 from registry.settings import RegistrySettings
 from registry.store.database import StateDB

@@ -21,6 +21,7 @@ from dispatcher.web.guard import Access, cookie_name
 from dispatcher.web.keys import Keys, load_secret
 from dispatcher.web.server import allowed_hosts, parse_listen
 from dispatcher.web.source import Source
+from scope.foundation.clock import FakeClock
 from tests.support.env import no_bus_env
 from tests.support.wait import wait_for
 
@@ -284,7 +285,7 @@ def test_a_stale_csrf_token_is_refused_with_a_reload_hint(dash: Dash) -> None:
     dash.sign_in()
     nonce = dash.access.keys.session_nonce(dash.client.cookies.get(dash.access.cookie))
     assert nonce is not None
-    old = Keys(dash.secret, clock=lambda: time.time() - 13 * 3600).csrf_token(nonce, "card.add")
+    old = Keys(dash.secret, clock=FakeClock(time.time() - 13 * 3600)).csrf_token(nonce, "card.add")
     answer = dash.client.post("/cards", data={"title": "t", "assignee": "echo", "csrf": old})
     assert answer.status_code == 403
     assert "older than 12 hours" in answer.text and "reload the page" in answer.text

@@ -20,6 +20,7 @@ from dispatcher.web.keys import SECRET_NAME, Keys, load_secret
 from dispatcher.web.metrics import Histogram, ReadyToRunning
 from dispatcher.web.server import allowed_hosts, check_remote, parse_listen
 from dispatcher.web.text import LogChunker, clean, inert, tail_start
+from scope.foundation.clock import FakeClock
 
 NOW = 1_800_000_000.0
 
@@ -70,8 +71,8 @@ def test_a_symlinked_secret_is_refused(tmp_path: Path) -> None:
 
 
 def test_sessions_and_csrf_tokens_are_signed_and_bound() -> None:
-    clock = [NOW]
-    keys = Keys("s" * 40, clock=lambda: clock[0])
+    clock = FakeClock(NOW)
+    keys = Keys("s" * 40, clock=clock)
     cookie = keys.new_session()
     nonce = keys.session_nonce(cookie)
     assert nonce is not None and nonce in cookie and "s" * 40 not in cookie
@@ -82,7 +83,7 @@ def test_sessions_and_csrf_tokens_are_signed_and_bound() -> None:
     assert "not from this session" in str(keys.csrf_problem(nonce, "card.move", token))
     assert "not from this session" in str(keys.csrf_problem("other", "card.archive", token))
     assert "no CSRF token" in str(keys.csrf_problem(nonce, "card.archive", ""))
-    clock[0] += keys.csrf_ttl + 1
+    clock.advance(keys.csrf_ttl + 1)
     assert "older than" in str(keys.csrf_problem(nonce, "card.archive", token))
     assert keys.is_secret("s" * 40) and not keys.is_secret("s" * 39) and not keys.is_secret(None)
     assert "s" * 40 not in repr(keys)

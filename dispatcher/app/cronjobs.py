@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron.firing import FireRunner
-from dispatcher.cron.ledger import FireRecord, JobState, Ledger, Status
+from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
+from dispatcher.cron.records import FireRecord, JobState, Status
 from dispatcher.cron.report import job_entry, known_job_entry
 from dispatcher.cron.zones import fixed_zone, host_zone_name
 from dispatcher.launch.claimant import Claimant
@@ -99,7 +100,7 @@ class CronJobs:
             environ=self.environ,
             state_dir=self.state_dir,
             claimant=Claimant.current(instance=True).token(),
-            clock=SystemClock().time,
+            clock=SystemClock(),
             config_path=self.config_path,
         )
         runner.reconcile({job.id: job for job in self.settings.cron.jobs})

@@ -21,7 +21,8 @@ from dispatcher.app.cronjobs import CronJobs
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, int_arg
 from dispatcher.cron.crontab import parse as parse_crontab
-from dispatcher.cron.ledger import FireRecord, Ledger
+from dispatcher.cron.ledger import Ledger
+from dispatcher.cron.records import FireRecord
 from dispatcher.cron.report import iso_in, row_entry
 from dispatcher.cron.timeline import EARLIEST, LATEST, CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone

@@ -32,7 +32,7 @@ from dispatcher.cli.parser import Parser, Subparsers, add_group, path_arg
 from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, report
 from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, WatchPattern
-from registry.proc.identity import MARKER_ENV
+from registry.environment import MARKER_ENV
 from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
 from scope.foundation.text import quote
@@ -214,7 +214,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
             ctx.emit_json(session_json(session))
         return 0
     if args.follow:
-        followed = stream(ctx, registry, session, 0, timeout=timeout)
+        followed = stream(ctx, registry.follow_log(session.id, 0, timeout=timeout))
         if followed is None:
             ctx.warn(f"{session.id} still running after {args.timeout}; it keeps running")
             return EXIT_TIMEOUT

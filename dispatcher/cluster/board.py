@@ -36,7 +36,7 @@ from dispatcher.cluster.wake import CHANNEL
 from dispatcher.kanban import rules
 from dispatcher.kanban.abc import Claim, ClaimVerdict
 from dispatcher.kanban.model import EventKind, Limits, Run
-from dispatcher.kanban.rows import CARD_COLUMNS, RUN_PREFIX, card_of, db_value, new_id, run_of
+from dispatcher.kanban.rows import CARD_COLUMNS, RUN_IDS, card_of, db_value, run_of
 from dispatcher.kanban.sql import SqlConnection
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.taxonomy import Breaker, after_run
@@ -198,7 +198,7 @@ class PgBoardStore(SqlBoardStore):
         self, conn: SqlConnection, card_id: str, attempt: int, now: float, claimer: Claimant
     ) -> Run:
         stamp = self.stamp
-        run_id = new_id(RUN_PREFIX)
+        run_id = RUN_IDS.new()
         fields = rules.claimed_fields(run_id, now)
         data = json.dumps({"attempt": attempt, "claimer_pid": claimer.pid})
         got = conn.execute(

@@ -165,11 +165,6 @@ class ClusterDB:
             )
             self.pool.open(wait=False)
 
-    @property
-    def extra_options(self) -> dict[str, Any]:
-        """Connection options for a connection outside the pool (the LISTEN connection)."""
-        return dict(self.options)
-
     def connect(self, **overrides: Any) -> psycopg.Connection[Any]:
         """A connection outside the pool (errors translated as everywhere here)."""
         try:

@@ -24,7 +24,6 @@ without sleeping; it is always 0 in production.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 import psutil
 
 from dispatcher.cluster.database import ClusterDB, ClusterError
+from scope.foundation.clock import Clock, SystemClock
 
 HOSTS_LOCK = 0x64697370_686F73  # "disp" "hos": joins one at a time
 
@@ -247,12 +247,13 @@ class Hosts:
             for r in rows
         ]
 
-    def measure_skew(self, clock: Callable[[], float] = time.time) -> float:
+    def measure_skew(self, clock: Clock | None = None) -> float:
         """This host's clock minus the database's, in seconds (request midpoint)."""
-        before = clock()
+        clock = clock or SystemClock()
+        before = clock.time()
         with self.db.read() as conn:
             row = conn.execute("SELECT extract(epoch FROM clock_timestamp()) AS t").fetchone()
-        after = clock()
+        after = clock.time()
         return (before + after) / 2 - float(row["t"]) if row is not None else 0.0
 
     def _shifts(self, count: int) -> tuple[float, ...]:

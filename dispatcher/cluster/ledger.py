@@ -26,7 +26,8 @@ from typing import Any
 from dispatcher.cluster.board import HostStamp
 from dispatcher.cluster.database import ClusterDB, Qmark
 from dispatcher.cron.changes import UNSET, FireChange
-from dispatcher.cron.ledger import FireRecord, Ledger, Status, Tx, insert_sql
+from dispatcher.cron.ledger import Ledger, Tx, insert_sql
+from dispatcher.cron.records import FireRecord, Status
 
 LEDGER_LOCK = 0x64697370_6C6467  # "disp" "ldg": one ledger writer at a time
 

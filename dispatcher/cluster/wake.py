@@ -17,12 +17,12 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-import time
 from collections.abc import Callable
 
 import psycopg
 
 from dispatcher.cluster.database import ClusterDB, ClusterError, redact
+from scope.foundation.clock import Clock, SystemClock
 
 CHANNEL = "dispatch_board"
 log = logging.getLogger("dispatch.cluster")
@@ -40,7 +40,7 @@ class Listener:
         ping_timeout: float = 5.0,
         retry: float = 0.5,
         max_retry: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self.db = db
         self.on_wake = on_wake
@@ -48,7 +48,7 @@ class Listener:
         self.ping_timeout = ping_timeout
         self.retry = retry
         self.max_retry = max_retry
-        self.clock = clock
+        self.clock: Clock = clock or SystemClock()
         self.connects = 0
         """How many times the listener (re)connected (1 after a clean start)."""
         self.connected = threading.Event()
@@ -102,11 +102,11 @@ class Listener:
             # Something may have changed while we were not listening.
             self.on_wake()
             self._pinged_at = None
-            next_ping = self.clock() + self.ping_every
+            next_ping = self.clock.monotonic() + self.ping_every
             while not self._stop.is_set():
                 for note in conn.notifies(timeout=0.5, stop_after=64):
                     self._received(note.payload)
-                now = self.clock()
+                now = self.clock.monotonic()
                 if self._pinged_at is not None and now - self._pinged_at > self.ping_timeout:
                     raise OSError(f"self-ping not returned within {self.ping_timeout:g} s")
                 if self._pinged_at is None and now >= next_ping:
@@ -125,7 +125,7 @@ class Listener:
 
     def _ping(self) -> None:
         self._token = "ping:" + secrets.token_hex(8)
-        self._pinged_at = self.clock()
+        self._pinged_at = self.clock.monotonic()
         with self.db.read() as conn:
             conn.execute("SELECT pg_notify(?, ?)", (CHANNEL, self._token))
 

@@ -1,7 +1,9 @@
 """The cron ledger's contract: one row per fire decision, and per-job scheduling state.
 
-What every ledger backend promises (SQLite now, :class:`dispatcher.cron.ledger.Ledger`; a
-PostgreSQL one for cluster mode later), checked by ``tests/contracts/test_ledger.py``:
+What every ledger backend promises, checked by ``tests/contracts/test_ledger.py`` over each of
+them (in memory :class:`dispatcher.cron.memory.MemoryLedger`, SQLite
+:class:`dispatcher.cron.ledger.Ledger`, PostgreSQL :class:`dispatcher.cluster.ledger.PgLedger`
+for cluster mode):
 
 * a fire key is unique: inserting a row whose key is already present inserts nothing and says
   so (``None``), so any number of schedulers may try the same fire and exactly one owns it;
@@ -10,8 +12,9 @@ PostgreSQL one for cluster mode later), checked by ``tests/contracts/test_ledger
 * a transaction (:meth:`LedgerStore.transaction`) commits every decision of a tick together, or
   none of them.
 
-The records (:class:`~dispatcher.cron.ledger.FireRecord`, :class:`~dispatcher.cron.ledger.JobState`)
-and the row status enum live beside the SQLite ledger, which was first.
+The records (:class:`~dispatcher.cron.records.FireRecord`,
+:class:`~dispatcher.cron.records.JobState`) and the row status enum are
+:mod:`dispatcher.cron.records`, which the contract and every backend import.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.cron.records import FireRecord, JobState, Status
+
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
-    from dispatcher.cron.ledger import FireRecord, JobState, Status
 
 
 class LedgerTx(abc.ABC):

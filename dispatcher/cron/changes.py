@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, fields
 from typing import Any
 
-from dispatcher.cron.ledger import Status
+from dispatcher.cron.records import Status
 from dispatcher.launch.outcome import Outcome
 
 __all__ = ["UNSET", "FireChange", "Unset"]

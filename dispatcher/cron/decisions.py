@@ -20,10 +20,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dispatcher.cron.abc import LedgerTx
 from dispatcher.cron.changes import FireChange
-from dispatcher.cron.ledger import ACTIVE, FireRecord, Kind, Status, Tx
 from dispatcher.cron.plan import JobPlan, job_active
 from dispatcher.cron.policy import Judged, OverlapAction, Verdict, judge, overlap_action
+from dispatcher.cron.records import ACTIVE, FireRecord, Kind, Status
 from dispatcher.cron.settings import CronJob, CronSettings
 from dispatcher.cron.timeline import Occurrence, format_wall, key_of
 from dispatcher.launch.outcome import Outcome
@@ -68,7 +69,7 @@ class Decider:
         self.claimant = claimant
         self.rng = rng
 
-    def decide(self, tx: Tx, plans: Iterable[JobPlan], now: float) -> Batch:
+    def decide(self, tx: LedgerTx, plans: Iterable[JobPlan], now: float) -> Batch:
         """Decide every occurrence of ``plans`` due in (watermark, now]."""
         batch = Batch()
         chosen = list(plans)
@@ -150,7 +151,7 @@ class Decider:
 
     def _run_or_overlap(
         self,
-        tx: Tx,
+        tx: LedgerTx,
         job: CronJob,
         values: dict[str, Any],
         opened: list[_Open],
@@ -186,7 +187,7 @@ class Decider:
         opened.append(_Open(status=Status.CLAIMED, fire_key=key, pending=values))
 
     @staticmethod
-    def _replace(tx: Tx, old: _Open, key: str, now: float, batch: Batch) -> bool:
+    def _replace(tx: LedgerTx, old: _Open, key: str, now: float, batch: Batch) -> bool:
         done = {
             "status": Status.DONE,
             "outcome": Outcome.REPLACED,

@@ -12,12 +12,13 @@ processes settling the same fire cannot both win (and only the winner runs ``on_
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.changes import FireChange
-from dispatcher.cron.ledger import FAILURE_OUTCOMES, FireRecord, Ledger, Status
+from dispatcher.cron.records import FAILURE_OUTCOMES, FireRecord, Status
 from dispatcher.cron.settings import CronJob
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.core import LaunchCore, Orphan, Recorded
@@ -26,6 +27,7 @@ from dispatcher.launch.outcome import Outcome, Result, outcome_of
 from dispatcher.launch.setup import Workplace
 from registry.abc import Owner, OwnerKind, Registry, Session, SpawnRequest
 from scope.abc import CallerKind
+from scope.foundation.clock import Clock
 from scope.foundation.errors import DispatchError
 
 __all__ = ["ON_FAILURE_SUFFIX", "FireRunner", "Settled", "build_request"]
@@ -103,13 +105,13 @@ class FireRunner:
 
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: LedgerStore,
         registry: Registry,
         *,
         environ: Mapping[str, str],
         state_dir: Path,
         claimant: str,
-        clock: Callable[[], float],
+        clock: Clock,
         config_path: Path | None = None,
     ) -> None:
         self.ledger = ledger
@@ -180,7 +182,9 @@ class FireRunner:
     ) -> Settled | None:
         """Move a row to ``done`` with ``result`` (compare-and-set); run ``on_failure`` when
         this call settled a failure. Returns None when someone else settled it first."""
-        if not self.ledger.update(row_id, expect, _final_change(result, session, self.clock())):
+        if not self.ledger.update(
+            row_id, expect, _final_change(result, session, self.clock.time())
+        ):
             return None
         record = self.ledger.get(row_id)
         hook = None

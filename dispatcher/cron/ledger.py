@@ -1,145 +1,33 @@
-"""The cron ledger: one row per fire decision, and per-job scheduling state, in the state DB.
+"""The cron ledger in SQLite: one row per fire decision, and per-job scheduling state, in the
+state DB.
 
 A row is keyed by its fire key (unique; for scheduled fires also unique as (job id, nominal wall
 time, fold)), so two schedulers sharing the database can never both run one occurrence: whoever
 inserts the row first owns it. A row that is to run is inserted *before* anything is spawned
 (status ``claimed``), moves to ``spawning`` by compare-and-set just before the spawn and to
-``running`` once the session exists; a crash in between leaves a row that :meth:`Ledger.orphans`
-finds and the scheduler settles without running the fire again.
-
-Row status (internal life cycle) versus outcome (the shared vocabulary, final)::
-
-    claimed ─► spawning ─► running ─► done(completed | failed | timed_out | lost | ...)
-    queued  ─► claimed                 done(skipped_overlap | missed | coalesced | replaced ...)
+``running`` once the session exists; a crash in between leaves a row that the scheduler's
+reconcile (:meth:`dispatcher.cron.firing.FireRunner.reconcile`) settles without running the
+fire again.
 
 Per-job state (table ``cron_jobs``): the *watermark* (every occurrence due at or before it has
 been decided, shared by all schedulers) and the pause override set by ``dispatch cron pause``.
+The records and the row life cycle are :mod:`dispatcher.cron.records`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import operator
 import sqlite3
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron.abc import LedgerStore, LedgerTx
-from dispatcher.launch.outcome import Outcome
+from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
-
-
-class Status(enum.StrEnum):
-    """Where a ledger row is in its life cycle (``done`` rows carry the outcome)."""
-
-    CLAIMED = "claimed"
-    SPAWNING = "spawning"
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-
-
-FAILURE_OUTCOMES = frozenset(
-    {
-        Outcome.FAILED,
-        Outcome.TIMED_OUT,
-        Outcome.LOST,
-        Outcome.FAILED_START,
-        Outcome.SPAWN_REFUSED,
-        Outcome.TEMPFAIL,
-        Outcome.CONFIG_ERROR,
-    }
-)
-"""Outcomes after which a job's ``on_failure`` command runs."""
-
-ACTIVE = (Status.CLAIMED, Status.SPAWNING, Status.RUNNING)
-"""Statuses of a fire that counts as "the job is running" for the overlap policy."""
-
-
-class Kind(enum.StrEnum):
-    """Scheduled occurrences and manual ``dispatch cron run`` fires have separate keys."""
-
-    SCHEDULE = "schedule"
-    MANUAL = "manual"
-
-
-@dataclass(frozen=True, kw_only=True)
-class FireRecord:
-    """One ledger row."""
-
-    id: int
-    fire_key: str
-    job_id: str
-    kind: Kind
-    nominal_wall: str
-    fold: int
-    zone: str
-    nominal: float
-    decided_at: float
-    due_at: float | None
-    actual: float | None
-    status: Status
-    outcome: Outcome | None
-    catch_up: bool
-    jitter: float
-    placement: str | None
-    session_id: str | None
-    exit_code: int | None
-    signal: str | None
-    started_at: float | None
-    ended_at: float | None
-    error: str | None
-    infrastructure: bool
-    log_path: str | None
-    claimant: str | None
-    on_failure_session: str | None
-
-    @property
-    def shown_outcome(self) -> str:
-        """The outcome for display: the final one, else ``queued`` (waiting: overlap queue,
-        jitter delay or a concurrency slot) or ``running`` (being started, or running)."""
-        if self.outcome is not None:
-            return self.outcome.value
-        return "queued" if self.status in (Status.QUEUED, Status.CLAIMED) else "running"
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> FireRecord:
-        """Build from a ``SELECT *`` row."""
-        data = {name: row[name] for name in _COLUMNS}
-        data["kind"] = Kind(data["kind"])
-        data["status"] = Status(data["status"])
-        data["outcome"] = Outcome(data["outcome"]) if data["outcome"] else None
-        data["catch_up"] = bool(data["catch_up"])
-        data["infrastructure"] = bool(data["infrastructure"])
-        return cls(**data)
-
-
-_COLUMNS = tuple(f.name for f in fields(FireRecord))
-_EMPTY_ROW: dict[str, Any] = {
-    **dict.fromkeys(_COLUMNS[1:]),
-    "fold": 0,
-    "catch_up": 0,
-    "jitter": 0.0,
-    "infrastructure": 0,
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobState:
-    """Per-job scheduling state shared by every scheduler on the database."""
-
-    job_id: str
-    watermark: float | None
-    """Every occurrence due at or before this instant has been decided (None: never seen)."""
-    paused: bool | None
-    """True: paused by ``cron pause``; False: resumed by ``cron resume`` (overrides
-    ``enabled: false``); None: follow the config's ``enabled``."""
-    paused_at: float | None
 
 
 class Tx(LedgerTx):
@@ -207,9 +95,9 @@ class Tx(LedgerTx):
         this transaction, which holds the write lock); returns their ids in order."""
         if not rows:
             return []
-        names = _COLUMNS[1:]
+        names = COLUMNS[1:]
         pick = operator.itemgetter(*names)
-        self.conn.executemany(insert_sql(names), [pick({**_EMPTY_ROW, **row}) for row in rows])
+        self.conn.executemany(insert_sql(names), [pick({**EMPTY_ROW, **row}) for row in rows])
         keys = [row["fire_key"] for row in rows]
         ids: dict[str, int] = {}
         for start in range(0, len(keys), 500):
@@ -468,7 +356,7 @@ def insert_sql(names: tuple[str, ...]) -> str:
     """``INSERT INTO cron_fires`` of these columns (names checked against the record)."""
     # Column names come from code, never from input; checked once per distinct set.
     for name in names:
-        if name not in _COLUMNS or name == "id":
+        if name not in COLUMNS or name == "id":
             raise ValueError(f"unknown ledger column {name!r}")
     marks = ", ".join("?" for _ in names)
     return f"INSERT INTO cron_fires ({', '.join(names)}) VALUES ({marks})"  # noqa: S608
@@ -481,7 +369,7 @@ def _update(
     conn: sqlite3.Connection, row_id: int, expect: Sequence[Status], values: dict[str, Any]
 ) -> bool:
     for name in values:
-        if name not in _COLUMNS or name == "id":
+        if name not in COLUMNS or name == "id":
             raise ValueError(f"unknown ledger column {name!r}")
     assignments = ", ".join(f"{name} = ?" for name in values)
     marks = ", ".join("?" for _ in expect)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dispatcher.cron.crontab import parse as parse_crontab
-from dispatcher.cron.ledger import JobState
+from dispatcher.cron.records import JobState
 from dispatcher.cron.settings import CronJob
 from dispatcher.cron.timeline import CronSchedule, IntervalSchedule, Schedule
 from dispatcher.cron.zones import load_zone

@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from dispatcher.cron.ledger import FireRecord, JobState
 from dispatcher.cron.plan import JobPlan, job_active
+from dispatcher.cron.records import FireRecord, JobState
 from dispatcher.cron.zones import load_zone
 from scope.foundation.schema import format_duration
 

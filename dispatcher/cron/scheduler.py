@@ -31,12 +31,14 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
+from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.decisions import Decider
 from dispatcher.cron.errors import CronError
 from dispatcher.cron.firing import FireRunner
-from dispatcher.cron.ledger import ACTIVE, FireRecord, Kind, Ledger, Status
+from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
+from dispatcher.cron.records import ACTIVE, FireRecord, Kind, Status
 from dispatcher.cron.settings import CronJob, CronSettings
 from dispatcher.cron.timeline import fire_key, format_wall, local_wall
 from dispatcher.cron.zones import ZoneResolver, resolver_for
@@ -104,11 +106,11 @@ class CronScheduler:
         zone_resolver: ZoneResolver | None = None,
         rng: random.Random | None = None,
         wake_interval: float = 30.0,
-        ledger: Ledger | None = None,
+        ledger: LedgerStore | None = None,
     ) -> None:
         self.registry = registry
         # Cluster state may live elsewhere than the host's database (dispatcher.app.clusterstate).
-        self.ledger = ledger if ledger is not None else Ledger(db)
+        self.ledger: LedgerStore = ledger if ledger is not None else Ledger(db)
         self.clock: Clock = clock or SystemClock()
         # The workers' base environment (and where TZ is read from): the caller's, else ours.
         self.environ = dict(os.environ if environ is None else environ)
@@ -123,7 +125,7 @@ class CronScheduler:
             environ=self.environ,
             state_dir=Path(state_dir) if state_dir is not None else db.path.parent,
             claimant=self.claimant,
-            clock=self.clock.time,
+            clock=self.clock,
             config_path=config_path,
         )
         self._lock = threading.RLock()

@@ -9,7 +9,6 @@ database cannot be used or the skew keeps cron from firing.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -88,7 +87,7 @@ def cluster_check(
         with open_cluster_state(settings, state_dir, environ) as state:
             assert state.hosts is not None and state.db is not None
             doc["schema_version"] = state.db.schema_version()
-            skew = state.hosts.measure_skew(time.time)
+            skew = state.hosts.measure_skew()
             row = state.hosts.row(doc["host_id"])
     except StateError as err:
         doc.update(ok=False, problem=err.message)

@@ -369,7 +369,7 @@ class HostLoop:
 
     def _measure_skew(self, now: float) -> None:
         try:
-            skew = self.hosts.measure_skew(self.clock.time)
+            skew = self.hosts.measure_skew(self.clock)
         except ClusterError as err:
             self._outage(now, err)
             return

@@ -20,8 +20,6 @@ verdict needs this command, so the unit keeps ``ExecReload=dispatch reload`` eit
 from __future__ import annotations
 
 import signal
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ from typing import Any
 from dispatcher.errors import GatewayError
 from dispatcher.gateway.lock import Holder, read_holder
 from dispatcher.gateway.statusfile import read_json, write_json
+from scope.foundation.clock import Clock, SystemClock
 
 RELOAD_NAME = "reload.json"
 POLL_INTERVAL = 0.05
@@ -96,8 +95,7 @@ def request_reload(
     *,
     timeout: float,
     expect_pid: int | None = None,
-    clock: Callable[[], float] = time.time,
-    sleep: Callable[[float], None] = time.sleep,
+    clock: Clock | None = None,
 ) -> ReloadRecord:
     """SIGHUP the state dir's gateway and wait for its verdict (see the module docstring).
 
@@ -105,10 +103,11 @@ def request_reload(
     one and :class:`GatewayError` when no gateway runs, its identity does not hold, or it gave
     no verdict within ``timeout`` seconds."""
     holder = _confirmed_holder(state_dir, expect_pid)
-    sent_at = clock()
+    clock = clock or SystemClock()
+    sent_at = clock.time()
     if not _send_hup(holder):
         raise GatewayError(f"dispatch serve (pid {holder.pid}) exited before it was signalled")
-    deadline = time.monotonic() + timeout
+    deadline = clock.monotonic() + timeout
     while True:
         record = read_reload(state_dir, holder.pid)
         if record is not None and record.started_at >= sent_at:
@@ -121,12 +120,12 @@ def request_reload(
                 f"dispatch serve (pid {holder.pid}) exited while reloading",
                 remedy="see its log (journalctl --user -u dispatch.service)",
             )
-        if time.monotonic() >= deadline:
+        if clock.monotonic() >= deadline:
             raise GatewayError(
                 f"dispatch serve (pid {holder.pid}) gave no reload verdict within {timeout:g} s",
                 remedy="it may be busy; see 'dispatch status' and its log",
             )
-        sleep(POLL_INTERVAL)
+        clock.sleep(POLL_INTERVAL)
 
 
 def _confirmed_holder(state_dir: Path, expect_pid: int | None) -> Holder:
@@ -153,7 +152,7 @@ def _confirmed_holder(state_dir: Path, expect_pid: int | None) -> Holder:
 
 
 def _send_hup(holder: Holder) -> bool:
-    from registry.proc.identity import Identity, send
+    from registry.proc import Identity, send
 
     assert holder.start_ticks is not None
     return send(Identity(pid=holder.pid, start=holder.start_ticks), signal.SIGHUP)

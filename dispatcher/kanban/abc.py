@@ -9,8 +9,11 @@ workers themselves) share one board without a card ever getting two runs at once
 Every change bumps :meth:`BoardStore.board_version`, a counter the gateway polls to learn
 cheaply that something happened (a card was added, became ready, a run closed).
 
-Implementations: :class:`dispatcher.kanban.store.SqliteBoardStore` (the state database). The
-interface leaves room for a PostgreSQL store later (``SELECT ... FOR UPDATE`` per method).
+Implementations, all checked by ``tests/contracts/test_board_store.py``:
+:class:`dispatcher.kanban.memory.MemoryBoardStore` (in memory),
+:class:`dispatcher.kanban.store.SqliteBoardStore` (the state database) and
+:class:`dispatcher.cluster.board.PgBoardStore` (PostgreSQL in cluster mode: ``FOR UPDATE SKIP
+LOCKED`` claims, every write about a run fenced by its host's lease epoch).
 """
 
 from __future__ import annotations
@@ -85,8 +88,10 @@ class BoardStore(abc.ABC):
 
     @abc.abstractmethod
     def resolve_card(self, text: str) -> Card:
-        """The card whose id starts with ``text`` (``c_`` optional, at least 4 characters
-        after it). NotFoundError, AmbiguousId (lists candidates) or BadCard (malformed)."""
+        """The card whose id starts with ``text``, by the one id rule
+        (:func:`scope.foundation.ids.lookup`: ``c_`` optional, at least 4 characters as typed).
+        IdTooShort, NotFoundError (unknown or malformed) or AmbiguousId (lists candidates),
+        all exit 2."""
 
     @abc.abstractmethod
     def list_cards(

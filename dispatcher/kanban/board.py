@@ -29,6 +29,7 @@ from dispatcher.kanban.model import (
 from dispatcher.kanban.rules import FRESH_START
 from dispatcher.kanban.settings import KanbanSettings
 from scope.foundation.errors import NotFoundError
+from scope.foundation.ids import IdTooShort
 from scope.foundation.text import strip_blanks, unsafe_char
 
 if TYPE_CHECKING:
@@ -90,13 +91,15 @@ class Board:
         return check_text("title", text, MAX_TITLE)
 
     def resolve_parents(self, texts: Sequence[str]) -> tuple[str, ...]:
-        """Card ids for ``--parent`` values (malformed → BadCard, unknown → NotFoundError)."""
+        """Card ids for ``--parent`` values (too short → BadCard, unknown or malformed →
+        NotFoundError)."""
         found: list[str] = []
         for text in texts:
             try:
                 card = self.store.resolve_card(text)
-            except BadCard as err:
-                raise BadCard("--parent", text, err.fields["problem"]) from None
+            except IdTooShort as err:
+                problem = f"too short: give at least {err.fields['minimum']} characters of the id"
+                raise BadCard("--parent", text, problem) from None
             except NotFoundError:
                 raise NotFoundError(
                     "parent card", text, remedy="check the --parent ids with 'dispatch kanban list'"

@@ -9,8 +9,10 @@
         ├── WrongStatus             the card's status does not allow the action (exit 2)
         └── BadCard                 an invalid card field or id (exit 2)
 
-Unknown ids raise :class:`scope.foundation.errors.NotFoundError`, ambiguous prefixes
-:class:`registry.errors.AmbiguousId` (both exit 2).
+Ids are looked up by the one id rule (:func:`scope.foundation.ids.lookup`): unknown or
+malformed ids raise :class:`scope.foundation.errors.NotFoundError`, too short prefixes
+:class:`scope.foundation.ids.IdTooShort`, ambiguous ones :class:`scope.foundation.ids.AmbiguousId`
+(all exit 2).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dispatcher.kanban.abc import BoardStore
-from dispatcher.kanban.store import CARD_PREFIX, RUN_PREFIX
+from dispatcher.kanban.rows import CARD_PREFIX, RUN_PREFIX
 from scope.foundation.errors import NotFoundError
 from scope.foundation.text import strip_blanks
 

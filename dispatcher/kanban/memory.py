@@ -28,11 +28,11 @@ from dispatcher.kanban.model import (
     Run,
     move_fields,
 )
-from dispatcher.kanban.rows import CARD_FIELDS, CARD_PREFIX, RUN_PREFIX, new_id
+from dispatcher.kanban.rows import CARD_FIELDS, CARD_IDS, RUN_IDS
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
-from registry.errors import AmbiguousId
 from scope.foundation.errors import NotFoundError
+from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
 
 class MemoryBoardStore(BoardStore):
@@ -102,17 +102,13 @@ class MemoryBoardStore(BoardStore):
             if run.open and (assignee is None or self._cards[run.card_id].assignee == assignee)
         )
 
-    def _resolve(self, text: str, prefix: str, kind: str, ids: Sequence[str]) -> str:
-        full = rules.id_wanted(text, prefix, kind)
-        if full in ids:
-            return full
-        rules.check_prefix_length(text, kind)
-        found = sorted(i for i in ids if i.startswith(full))[:50]
-        if not found:
-            raise NotFoundError(kind, text)
-        if len(found) > 1:
-            raise AmbiguousId(kind, text, found)
-        return found[0]
+    def _resolve(self, text: str, kind: IdKind, ids: Sequence[str]) -> str:
+        """The id ``text`` names, by the one id rule (:func:`scope.foundation.ids.lookup`)."""
+        return lookup(
+            text,
+            kind,
+            starting=lambda full: sorted(i for i in ids if i.startswith(full))[:MAX_CANDIDATES],
+        )
 
     # -- cards -------------------------------------------------------------------------------
 
@@ -123,9 +119,9 @@ class MemoryBoardStore(BoardStore):
             for parent in new.parents:
                 if parent not in self._cards:
                     raise NotFoundError("card", parent, remedy="check the --parent ids")
-            card_id = new_id(CARD_PREFIX)
+            card_id = CARD_IDS.new()
             while card_id in self._cards:
-                card_id = new_id(CARD_PREFIX)
+                card_id = CARD_IDS.new()
             card = Card(
                 id=card_id,
                 title=new.title,
@@ -153,7 +149,7 @@ class MemoryBoardStore(BoardStore):
 
     def resolve_card(self, text: str) -> Card:
         with self._lock:
-            return self._card(self._resolve(text, CARD_PREFIX, "card", list(self._cards)))
+            return self._card(self._resolve(text, CARD_IDS, list(self._cards)))
 
     def list_cards(
         self,
@@ -196,7 +192,7 @@ class MemoryBoardStore(BoardStore):
 
     def resolve_run(self, text: str) -> Run:
         with self._lock:
-            return self._run(self._resolve(text, RUN_PREFIX, "run", list(self._runs)))
+            return self._run(self._resolve(text, RUN_IDS, list(self._runs)))
 
     def runs_of(self, card_id: str) -> list[Run]:
         with self._lock:
@@ -296,7 +292,7 @@ class MemoryBoardStore(BoardStore):
                 return Claim(verdict=refusal)
             attempt = 1 + sum(1 for r in self._runs.values() if r.card_id == card_id)
             run = Run(
-                run_id=new_id(RUN_PREFIX),
+                run_id=RUN_IDS.new(),
                 card_id=card_id,
                 attempt=attempt,
                 claimed_at=now,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -16,12 +14,14 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome
+from scope.foundation.ids import IdKind
 
 CARD_PREFIX = "c_"
 RUN_PREFIX = "r_"
-ID_HEX = 10
-MIN_PREFIX = 4
-HEX = re.compile(r"[0-9a-f]+")
+CARD_IDS = IdKind(name="card", prefix=CARD_PREFIX, digits=10, listing="dispatch kanban list")
+"""Card ids: ``c_`` + 10 hex digits (made and looked up by :mod:`scope.foundation.ids`)."""
+RUN_IDS = IdKind(name="run", prefix=RUN_PREFIX, digits=10, listing="dispatch kanban show CARD")
+"""Run ids: ``r_`` + 10 hex digits."""
 
 CARD_COLUMNS = (
     "id, title, body, assignee, status, priority, created_at, updated_at, started_at, "
@@ -30,13 +30,6 @@ CARD_COLUMNS = (
     "result, assignee_noted"
 )
 CARD_FIELDS = frozenset(c.strip() for c in CARD_COLUMNS.split(",")) - {"id"}
-
-
-def new_id(prefix: str) -> str:
-    """A fresh card (``c_``) or run (``r_``) id: the prefix and 10 hex digits."""
-    # os.urandom is what secrets.token_hex reads; the secrets module itself pulls in hmac
-    # and hashlib, which `kanban add` would pay for at start-up.
-    return prefix + os.urandom(ID_HEX // 2).hex()
 
 
 def card_of(row: sqlite3.Row, parents: Sequence[str]) -> Card:

@@ -24,8 +24,6 @@ from dispatcher.kanban.model import (
     Limits,
     NewCard,
 )
-from dispatcher.kanban.rows import HEX, MIN_PREFIX
-from scope.foundation.text import strip_blanks
 
 EXPIRED_BLOCK_FIELDS: Mapping[str, Any] = {
     "status": CardStatus.READY,
@@ -218,26 +216,4 @@ def refuse_with_open_run(card: Card, action: str) -> None:
     if card.current_run_id is not None:
         raise WrongStatus(
             card.id, f"{card.status.value} with the open run {card.current_run_id}", action
-        )
-
-
-def id_wanted(text: str, prefix: str, kind: str) -> str:
-    """The full id (or id prefix) a user typed, normalised: BadCard when it cannot be one."""
-    given = strip_blanks(text)
-    body = (given[len(prefix) :] if given.startswith(prefix) else given).lower()
-    if not HEX.fullmatch(body):
-        raise BadCard(
-            f"{kind} id",
-            text,
-            f"{kind} ids look like {prefix}1a2b3c4d5e",
-            remedy=f"copy the id from 'dispatch kanban list' (at least {MIN_PREFIX} characters)",
-        )
-    return prefix + body
-
-
-def check_prefix_length(text: str, kind: str) -> None:
-    """BadCard when ``text`` is too short to look an id up by prefix (exact ids always work)."""
-    if len(strip_blanks(text)) < MIN_PREFIX:
-        raise BadCard(
-            f"{kind} id", text, f"too short: give at least {MIN_PREFIX} characters of the id"
         )

@@ -18,8 +18,8 @@ from dispatcher.kanban import rules
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.model import Card, EventKind, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, card_of, db_value, run_of
-from registry.errors import AmbiguousId
 from scope.foundation.errors import NotFoundError
+from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
 __all__ = ["UNDONE_PARENTS_SQL", "WAITING_SQL", "SqlBoard", "SqlConnection", "SqlDatabase"]
 
@@ -180,23 +180,17 @@ class SqlBoard(BoardStore):
         row = conn.execute(UNDONE_PARENTS_SQL, (card_id,)).fetchone()
         return int(row[0]) == 0
 
-    def _resolve(self, text: str, prefix: str, kind: str, table: str, column: str) -> str:
-        full = rules.id_wanted(text, prefix, kind)
+    def _resolve(self, text: str, kind: IdKind, table: str, column: str) -> str:
+        """The id ``text`` names, by the one id rule (:func:`scope.foundation.ids.lookup`)."""
+        exact_sql = f"SELECT 1 FROM {table} WHERE {column} = ?"  # noqa: S608 - constants
+        match = self.PREFIX_MATCH.format(column=column)
+        prefix_sql = f"SELECT {column} FROM {table} WHERE {match} ORDER BY {column} LIMIT ?"  # noqa: S608
         with self.db.read() as conn:
-            exact = conn.execute(
-                f"SELECT {column} FROM {table} WHERE {column} = ?",  # noqa: S608 - constants
-                (full,),
-            ).fetchone()
-            if exact is not None:
-                return str(exact[0])
-            rules.check_prefix_length(text, kind)
-            match = self.PREFIX_MATCH.format(column=column)
-            rows = conn.execute(
-                f"SELECT {column} FROM {table} WHERE {match} ORDER BY {column} LIMIT 50",  # noqa: S608
-                (full,),
-            ).fetchall()
-        if not rows:
-            raise NotFoundError(kind, text)
-        if len(rows) > 1:
-            raise AmbiguousId(kind, text, [str(r[0]) for r in rows])
-        return str(rows[0][0])
+            return lookup(
+                text,
+                kind,
+                exists=lambda full: conn.execute(exact_sql, (full,)).fetchone() is not None,
+                starting=lambda full: [
+                    str(r[0]) for r in conn.execute(prefix_sql, (full, MAX_CANDIDATES)).fetchall()
+                ],
+            )

@@ -33,10 +33,9 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.kanban.rows import (
     CARD_COLUMNS,
-    CARD_PREFIX,
-    RUN_PREFIX,
+    CARD_IDS,
+    RUN_IDS,
     card_of,
-    new_id,
     run_of,
 )
 from dispatcher.kanban.sql import (
@@ -72,7 +71,7 @@ class SqlBoardStore(SqlBoard):
                 if found.fetchone() is None:
                     raise NotFoundError("card", parent, remedy="check the --parent ids")
             while True:
-                card_id = new_id(CARD_PREFIX)
+                card_id = CARD_IDS.new()
                 taken = conn.execute("SELECT 1 FROM kanban_cards WHERE id = ?", (card_id,))
                 if taken.fetchone() is None:
                     break
@@ -109,7 +108,7 @@ class SqlBoardStore(SqlBoard):
             return self._load_card(conn, card_id)
 
     def resolve_card(self, text: str) -> Card:
-        return self.get_card(self._resolve(text, CARD_PREFIX, "card", "kanban_cards", "id"))
+        return self.get_card(self._resolve(text, CARD_IDS, "kanban_cards", "id"))
 
     def list_cards(
         self,
@@ -167,7 +166,7 @@ class SqlBoardStore(SqlBoard):
             return self._load_run(conn, run_id)
 
     def resolve_run(self, text: str) -> Run:
-        return self.get_run(self._resolve(text, RUN_PREFIX, "run", "kanban_runs", "run_id"))
+        return self.get_run(self._resolve(text, RUN_IDS, "kanban_runs", "run_id"))
 
     def runs_of(self, card_id: str) -> list[Run]:
         with self.db.read() as conn:
@@ -304,7 +303,7 @@ class SqlBoardStore(SqlBoard):
                 ).fetchone()[0]
                 + 1
             )
-            run_id = new_id(RUN_PREFIX)
+            run_id = RUN_IDS.new()
             conn.execute(
                 "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"
                 " claimer_start, claimer_boot) VALUES (?, ?, ?, ?, ?, ?, ?)",

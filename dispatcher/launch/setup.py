@@ -21,7 +21,7 @@ from pathlib import Path
 from dispatcher import envfile
 from dispatcher.errors import EnvFileError
 from dispatcher.launch.failure import WorkerSetupError
-from registry.lifecycle.spawn import SERVICE_ENV
+from registry.environment import SERVICE_ENV
 
 __all__ = ["LAUNCH_VARIABLES", "Workplace"]
 

@@ -22,8 +22,9 @@ from typing import Any
 
 from dispatcher.errors import DispatcherError
 from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
-from registry.errors import AmbiguousId, StateError
+from registry.errors import StateError
 from scope.foundation.errors import DispatchError, NotFoundError, UsageError
+from scope.foundation.ids import AmbiguousId
 
 
 class WebError(DispatcherError):

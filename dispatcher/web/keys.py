@@ -23,11 +23,10 @@ import os
 import secrets
 import stat
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from dispatcher.web.errors import SecretUnusable
+from scope.foundation.clock import Clock, SystemClock
 
 SECRET_NAME = "web-secret"  # noqa: S105 - a file name
 CSRF_TTL = 12 * 3600.0
@@ -109,10 +108,10 @@ class Keys:
     """Checks the secret and signs sessions and CSRF tokens with it."""
 
     def __init__(
-        self, secret: str, *, clock: Callable[[], float] = time.time, csrf_ttl: float = CSRF_TTL
+        self, secret: str, *, clock: Clock | None = None, csrf_ttl: float = CSRF_TTL
     ) -> None:
         self._secret = secret.encode()
-        self._clock = clock
+        self._clock: Clock = clock or SystemClock()
         self.csrf_ttl = csrf_ttl
 
     def __repr__(self) -> str:
@@ -140,7 +139,7 @@ class Keys:
 
     def csrf_token(self, nonce: str, action: str) -> str:
         """A token for one form (``action`` names what it does, e.g. ``card.archive``)."""
-        stamp = str(int(self._clock()))
+        stamp = str(int(self._clock.time()))
         return f"{stamp}.{self._sign('csrf', nonce, action, stamp)}"
 
     def csrf_problem(self, nonce: str, action: str, token: str | None) -> str | None:
@@ -152,7 +151,7 @@ class Keys:
             signature, self._sign("csrf", nonce, action, stamp)
         ):
             return "the form's CSRF token is not from this session (an old page or secret)"
-        age = self._clock() - int(stamp)
+        age = self._clock.time() - int(stamp)
         if age > self.csrf_ttl or age < -300:
             return f"the form is older than {self.csrf_ttl / 3600:g} hours"
         return None

@@ -8,8 +8,9 @@ looks at the state, in one task for the whole process (not one per client), ever
 * the board's version (:meth:`~dispatcher.kanban.abc.BoardStore.board_version`, one cheap read
   on whatever store the workspace opened); when it moved, the new events of the append-only
   sequence (:meth:`~dispatcher.kanban.abc.BoardStore.events_after`) become one :class:`Change`;
-* each followed log file's size; new bytes are cut at line ends, made inert
-  (:mod:`~dispatcher.web.text`) and passed through the registry's output hooks (redaction);
+* each followed log, through the registry (:meth:`~registry.abc.Registry.follow_log`); new
+  bytes are cut at line ends, made inert (:mod:`~dispatcher.web.text`) and passed through the
+  registry's output hooks (:meth:`~registry.abc.Registry.apply_hooks`: redaction);
 * the fingerprints of page watches (sessions, cron, status, hosts), each at its own pace.
 
 Streams remember the hub's generation they last saw and take what is newer; a stream that fell
@@ -23,9 +24,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +35,7 @@ from dispatcher.kanban.model import Event
 from dispatcher.web.source import Source
 from dispatcher.web.text import LogChunker, inert
 from registry.abc import Session
+from scope.foundation.clock import Clock, SystemClock
 
 INTERVAL = 0.15
 """Seconds between two looks at the board (and the followed logs)."""
@@ -46,6 +46,8 @@ REFRESH_EVERY = 1.0
 KEEP = 512
 """Changes kept for streams that are a little behind."""
 BATCH = 1000
+READ_LIMIT = 1024 * 1024
+"""The most of a followed log read in one look."""
 
 _log = logging.getLogger("dispatch.web")
 
@@ -75,7 +77,8 @@ class Watch:
 
 
 class LogFollower:
-    """Follows one session's log from ``offset``; :meth:`take` hands out what was new."""
+    """Follows one session's log from ``offset`` (through the registry's
+    :meth:`~registry.abc.Registry.follow_log`, raw); :meth:`take` hands out what was new."""
 
     def __init__(
         self,
@@ -83,20 +86,21 @@ class LogFollower:
         session_id: str,
         offset: int,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self.source = source
         self.session_id = session_id
-        self.session = source.registry().get(session_id)
-        self.path = self.session.log_path
+        registry = source.registry()
+        self.session = registry.get(session_id)
         self.ended = False
-        self._clock = clock
-        self._read = offset
+        self._clock: Clock = clock or SystemClock()
+        # The hub's task reads it without waiting (read_new); it never iterates it.
+        self._log = registry.follow_log(session_id, offset)
         self._chunker = LogChunker(offset)
         self._out: list[str] = []
         self._lock = threading.Lock()
         self._checked = 0.0
-        self._moved = clock()
+        self._moved = self._clock.monotonic()
 
     @property
     def offset(self) -> int:
@@ -107,16 +111,9 @@ class LogFollower:
         """Read what the log gained (called by the hub's task); True when there is news."""
         if self.ended:
             return False
-        news = False
-        now = self._clock()
-        data = _read_from(self.path, self._read)
-        if data:
-            self._read += len(data)
-            ready = self._chunker.feed(data)
-            if ready:
-                self._push(present(self.source, self.session, ready))
-                self._moved = now
-                news = True
+        now = self._clock.monotonic()
+        data = self._log.read_new(READ_LIMIT)
+        news = self._feed(data, now)
         if self._chunker.pending and now - self._moved >= PARTIAL_AFTER:
             # An unfinished line (a prompt, progress dots) is shown rather than held forever.
             partial = self._chunker.flush_partial()
@@ -127,11 +124,22 @@ class LogFollower:
         if not data and now - self._checked >= 1.0:
             self._checked = now
             session = self.source.registry().get(self.session_id)
-            if session.finished and not _read_from(self.path, self._read, 1):
+            if session.finished:
+                rest = self._log.read_new(READ_LIMIT)
+                if rest:  # written just before the end: shown now, the end on a later look
+                    return self._feed(rest, now) or news
                 self._push(present(self.source, session, self._chunker.finish()))
                 self.ended = True
                 news = True
         return news
+
+    def _feed(self, data: bytes, now: float) -> bool:
+        ready = self._chunker.feed(data) if data else b""
+        if not ready:
+            return False
+        self._push(present(self.source, self.session, ready))
+        self._moved = now
+        return True
 
     def _push(self, text: str) -> None:
         with self._lock:
@@ -148,29 +156,9 @@ def present(source: Source, session: Session, data: bytes) -> str:
     """Log bytes as a page shows them: inert text (:func:`~dispatcher.web.text.inert`), then
     the registry's output hooks (transform, redaction), as every output a program gets."""
     text = inert(data)
-    hooks = getattr(source.registry(), "hooks", None)
-    if hooks is None or not text:
+    if not text:
         return text
-    return str(
-        hooks.apply(
-            text,
-            session_id=session.id,
-            owner=session.owner,
-            exit_code=session.exit_code,
-            purpose="web",
-        )
-    )
-
-
-def _read_from(path: str, offset: int, limit: int = 1024 * 1024) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        return os.pread(fd, limit, offset)
-    finally:
-        os.close(fd)
+    return source.registry().apply_hooks(session, text, purpose="web")
 
 
 @dataclass(kw_only=True)
@@ -193,11 +181,11 @@ class Hub:
         source: Source,
         *,
         interval: float = INTERVAL,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock | None = None,
     ) -> None:
         self.source = source
         self.interval = interval
-        self.clock = clock
+        self.clock: Clock = clock or SystemClock()
         self.gen = 0
         self._changes: collections.deque[tuple[int, Change]] = collections.deque(maxlen=KEEP)
         self._state = _State()
@@ -355,7 +343,7 @@ class Hub:
 
     def _note(self, err: Exception) -> None:
         text = str(getattr(err, "message", None) or err) or type(err).__name__
-        now = self.clock()
+        now = self.clock.monotonic()
         # Once per distinct problem and minute: a database that stays broken is not a log flood.
         if text != self._state.logged or now - self._state.logged_at >= 60:
             _log.warning("dispatch web: cannot read the state: %s", text)
@@ -373,7 +361,7 @@ class Hub:
         for follower in followers:
             if follower.poll():
                 news = True
-        now = self.clock()
+        now = self.clock.monotonic()
         for watch in watches:
             if now >= watch.due:
                 watch.due = now + watch.interval
@@ -389,7 +377,7 @@ class Hub:
 
     def _look_at_board(self) -> bool:
         state = self._state
-        now = self.clock()
+        now = self.clock.monotonic()
         if now - state.refreshed >= REFRESH_EVERY:
             state.refreshed = now
             if self.source.store.open_runs():

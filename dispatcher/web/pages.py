@@ -8,14 +8,12 @@ show something the page itself would not. Unknown ids raise NotFoundError (404).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from dispatcher.kanban.errors import BadCard
 from dispatcher.kanban.model import MOVE_TARGETS, CardStatus, Run
 from dispatcher.web import views
 from dispatcher.web.live import present
@@ -23,6 +21,7 @@ from dispatcher.web.site import Site
 from dispatcher.web.text import TAIL_BYTES, tail_start
 from registry.abc import Session
 from scope.foundation.errors import NotFoundError
+from scope.foundation.ids import IdTooShort
 
 SESSIONS_SHOWN = 200
 HISTORY_ROWS = 50
@@ -91,10 +90,10 @@ async def board(request: Request) -> Response:
 
 
 def resolve_card_id(site: Site, text: str) -> str:
-    """The full id of the card ``text`` names (a malformed id is as unknown as a missing one)."""
+    """The full id of the card ``text`` names (a too short id is as unknown as a missing one)."""
     try:
         return site.source.store.resolve_card(text).id
-    except BadCard:
+    except IdTooShort:
         raise NotFoundError("card", text) from None
 
 
@@ -102,7 +101,7 @@ def log_tail(site: Site, session: Session) -> tuple[str, int, bool]:
     """The end of a session's log as inert text, the offset where a live tail continues and
     whether earlier output was left out."""
     registry = site.source.registry()
-    size = _size(session.log_path)
+    size = registry.log_size(session.id) or 0
     start = max(0, size - TAIL_BYTES)
     data = registry.read_log(session.id, byte_range=(start, size))
     begin = tail_start(data, start)
@@ -111,13 +110,6 @@ def log_tail(site: Site, session: Session) -> tuple[str, int, bool]:
         # A running worker's unfinished line is left to the live tail, which shows it whole.
         body = body[: body.rfind(b"\n") + 1]
     return present(site.source, session, body), begin + len(body), begin > 0
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
 
 
 def _log_session(site: Site, runs: list[Run]) -> Session | None:
@@ -192,7 +184,7 @@ async def run_page(request: Request) -> Response:
     def find() -> Run:
         try:
             return site.source.store.resolve_run(given)
-        except BadCard:
+        except IdTooShort:
             raise NotFoundError("run", given) from None
 
     run = await site.run(find)

@@ -995,7 +995,7 @@ class Keeper:
     # -- the record ------------------------------------------------------------------------------
 
     def record(self, *, state: str | None = None, reason: str | None = None) -> dict[str, Any]:
-        """The exit record as a dict (see registry.sessiondir.ExitRecord)."""
+        """The exit record as a dict (see registry.keeper.files.ExitRecord)."""
         status = self.status if self.status is not None else 0
         code: int | None = None
         sig: int | None = None

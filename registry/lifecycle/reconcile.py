@@ -18,7 +18,8 @@ from registry.keeper.files import SessionDir
 from registry.lifecycle.finalize import Finalizer
 from registry.lifecycle.parts import Parts
 from registry.live.follower import Followed
-from registry.output.tail import LogReader, OutputTail
+from registry.output.log import LogReader
+from registry.output.tail import OutputTail
 from registry.proc.identity import Identity, alive
 from registry.store.sessions import Started, StoredSession
 from scope.errors import ScopeError

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import subprocess
 from dataclasses import dataclass
 
-from registry.abc import Session, SessionState, SpawnRequest
+from registry.abc import SESSION_IDS, Session, SessionState, SpawnRequest
+from registry.environment import MARKER_ENV, SERVICE_ENV
 from registry.errors import RegistryError, SpawnRefused
 from registry.keeper.files import SessionDir, keeper_spec, sessions_root
 from registry.keeper.start import await_ready, keeper_command, worker_argv
@@ -24,7 +24,6 @@ from registry.lifecycle.parts import LaunchOptions, Parts
 from registry.lifecycle.reconcile import Reconciler
 from registry.live.heartbeat import clamp_interval
 from registry.live.watch import parse_patterns
-from registry.proc.identity import MARKER_ENV
 from registry.proc.refusal import GatewayIdentity, gateway_kill_reason
 from registry.store.database import ensure_private_dir
 from registry.store.sessions import Placed
@@ -32,35 +31,14 @@ from scope.abc import GATE_ENV, Launched, LaunchSpec, Placement
 from scope.foundation.errors import UsageError
 from scope.foundation.procstat import read_stat
 
-__all__ = ["SERVICE_ENV", "Spawner", "new_session_id"]
+__all__ = ["Spawner", "new_session_id"]
 
 _log = logging.getLogger("dispatch.registry")
-
-SERVICE_ENV = (
-    "INVOCATION_ID",
-    "NOTIFY_SOCKET",
-    "WATCHDOG_USEC",
-    "WATCHDOG_PID",
-    "LISTEN_FDS",
-    "LISTEN_PID",
-    "LISTEN_FDNAMES",
-    "JOURNAL_STREAM",
-    "MANAGERPID",
-    "MAINPID",
-    "SYSTEMD_EXEC_PID",
-    "TRIGGER_UNIT",
-    "TRIGGER_PATH",
-    "TRIGGER_TIMER_REALTIME_USEC",
-    "TRIGGER_TIMER_MONOTONIC_USEC",
-)
-"""systemd's per-service variables: a worker that inherited them (from a gateway run as a
-service) would believe it is that service (sd_notify to the gateway's socket, socket
-activation, a caller "inside a unit"), so spawn never passes them on."""
 
 
 def new_session_id() -> str:
     """``s_`` + 12 hex digits."""
-    return "s_" + secrets.token_hex(6)
+    return SESSION_IDS.new()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,9 @@
 The intent (state to record, reason, time) is stored before anything is signalled, so that
 whichever instance finalizes the session records ``killed`` (or ``timed_out``) rather than a
 plain exit; the kill policy itself (identity, escalation, survivors) is :mod:`registry.proc.kill`.
-A kill never reports a final state while something survives.
+A kill never reports a final state while something survives. Every time recorded (the intent,
+the first signal, a fallback end) is the injected clock's; only the waits for other processes
+are real, bounded polls.
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ class Stopper:
             return self.viewer.snapshot(stored, "kill")
         grace = parts.settings.kill_grace if grace is None else max(0.0, grace)
         state = SessionState(state)
-        # Wall time of real processes (compared with the keeper's exit time), not the clock.
-        intent = KillIntent(state=state, reason=reason, requested_at=time.time())
+        # The registry's clock: wall time under the SystemClock, so the keeper's exit time
+        # compares with it (finalize.py); a test's FakeClock stamps the intent instead.
+        intent = KillIntent(state=state, reason=reason, requested_at=parts.clock.time())
         parts.store.record_kill(session.id, intent)
         with tracking.lock:
             tracking.killing.add(session.id)
@@ -81,7 +84,7 @@ class Stopper:
             unit=session.unit if session.placement is Placement.SCOPED else None,
             scoper=parts.scoper,
             grace=grace,
-            before_signal=lambda: parts.store.mark_signalled(session.id, time.time()),
+            before_signal=lambda: parts.store.mark_signalled(session.id, parts.clock.time()),
         )
         if not outcome.stopped:
             pids = ", ".join(str(p.pid) for p in outcome.survivors)
@@ -104,7 +107,7 @@ class Stopper:
             signal=outcome.signal,
             reason=f"{intent.reason} ({outcome.signal})" if outcome.signal else intent.reason,
             started_at=session.started_at,
-            finished_at=time.time(),
+            finished_at=parts.clock.time(),
             total_bytes=sdir.log_size(),
             writer="registry",
         )

@@ -2,18 +2,22 @@
 
 :meth:`Viewer.view` reads the end of a session's output (from the follower's in-memory tail
 when this instance follows it, else from the log); :meth:`Viewer.handed` is where text goes to
-a program, after the transform hook and redaction (:mod:`registry.output.hooks`). ``read_log`` gives
-the raw bytes, untouched by any hook. Nothing here changes a session.
+a program, after the transform hook and redaction (:mod:`registry.output.hooks`). ``read_log``
+and ``follow`` give the log's bytes (:mod:`registry.output.log`), raw unless a presentation
+is asked for. Nothing here changes a session.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 
-from registry.abc import Session, Snapshot
+from registry.abc import Registry, Session, Snapshot, Stamp
+from registry.keeper.times import LogTimes
 from registry.lifecycle.parts import Parts
+from registry.output.log import FileLog, Following, Presenter, read
 from registry.output.tail import TailView, decode_tail
-from registry.output.tail import tail_lines as tail_lines_of
 from registry.store.sessions import StoredSession
 
 __all__ = ["EXACT_CUT_BYTES", "Viewer"]
@@ -75,6 +79,14 @@ class Viewer:
             return TailView(text="", cut=0)
         return decode_tail(data, size - take, chars, final=final)
 
+    def hooks_for(self, session: Session, purpose: str = "logs") -> Callable[[str], str]:
+        """The output hooks for text of ``session``, as :meth:`handed` applies them."""
+        return lambda text: self.handed(text, session, session.exit_code, purpose)
+
+    def times(self, stored: StoredSession) -> Callable[[], LogTimes]:
+        """The session's arrival times, read once when first asked for."""
+        return functools.cache(lambda: LogTimes(stored.session.log_path))
+
     def read_log(
         self,
         stored: StoredSession,
@@ -82,18 +94,41 @@ class Viewer:
         head: int | None = None,
         tail_lines: int | None = None,
         byte_range: tuple[int, int] | None = None,
+        since: float | None = None,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
     ) -> bytes:
-        """Raw bytes of the log: a byte range, the head, the last lines, or all of it."""
-        try:
-            with open(stored.session.log_path, "rb") as f:
-                if byte_range is not None:
-                    start, end = byte_range
-                    f.seek(max(0, start))
-                    return f.read(max(0, end - max(0, start)))
-                if head is not None:
-                    return f.read(max(0, head))
-                if tail_lines is not None:
-                    return tail_lines_of(f, tail_lines)
-                return f.read()
-        except FileNotFoundError:
-            return b""
+        """The log's bytes as :meth:`Registry.read_log <registry.abc.Registry.read_log>` says:
+        raw unless a stamp or the hooks are asked for."""
+        return read(
+            FileLog(stored.session.log_path),
+            self.times(stored),
+            head=head,
+            tail_lines=tail_lines,
+            byte_range=byte_range,
+            since=since,
+            stamp=stamp,
+            hooks=self.hooks_for(stored.session) if hooks else None,
+        )
+
+    def follow(
+        self,
+        registry: Registry,
+        stored: StoredSession,
+        offset: int,
+        *,
+        stamp: Stamp | None = None,
+        hooks: bool = False,
+        timeout: float | None = None,
+    ) -> Following:
+        """The log from ``offset`` on until the session ends (see
+        :meth:`Registry.follow_log <registry.abc.Registry.follow_log>`)."""
+        session = stored.session
+        presenter = Presenter.asked(
+            offset,
+            times=self.times(stored),
+            stamp=stamp,
+            hooks=self.hooks_for(session) if hooks else None,
+        )
+        log = FileLog(session.log_path)
+        return Following(registry, session.id, log, offset, presenter, timeout=timeout)

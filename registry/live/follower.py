@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from registry.errors import StateError
 from registry.keeper.files import SessionDir
-from registry.output.tail import LogReader, OutputTail
+from registry.output.log import LogReader
+from registry.output.tail import OutputTail
 from registry.proc.identity import Identity, alive
 
 __all__ = ["Followed", "Follower"]

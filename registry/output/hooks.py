@@ -5,19 +5,21 @@ leaves the registry for a program (snapshots, previews, event outputs, ``dispatc
 --redact``). The order is fixed: the transform hook first (it may reshape, shorten or annotate
 the text; it learns the owning session's id and owner and the exit code), then redaction, so
 whatever the hook returns is still masked. A hook that raises is logged and skipped: delivery
-never fails because of it.
+never fails because of it. :class:`LineHooks` applies them to a byte stream line by line
+(``dispatch logs --redact``, also with ``-f``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from registry.abc import HookContext, OutputTransform, Owner
 from registry.output.redact import Redactor
 from registry.settings import RegistrySettings
 
-__all__ = ["OutputHooks"]
+__all__ = ["LineHooks", "OutputHooks"]
 
 _log = logging.getLogger("dispatch.registry")
 
@@ -97,3 +99,28 @@ class OutputHooks:
         if self.redactor is not None:
             text = self.redactor(text)
         return text
+
+
+class LineHooks:
+    """Applies ``apply`` (a registry's output hooks for one session) to whole lines of a byte
+    stream: the text is decoded as UTF-8 (U+FFFD for bad bytes) and a line waits for its
+    newline, so a secret split across two reads is masked whole; :meth:`finish` lets out a last
+    line without a newline."""
+
+    def __init__(self, apply: Callable[[str], str]) -> None:
+        self.apply = apply
+        self._partial = b""
+
+    def _hooked(self, data: bytes) -> bytes:
+        return self.apply(data.decode("utf-8", "replace")).encode("utf-8")
+
+    def __call__(self, data: bytes) -> bytes:
+        data = self._partial + data
+        cut = data.rfind(b"\n") + 1
+        self._partial = data[cut:]
+        return self._hooked(data[:cut]) if cut else b""
+
+    def finish(self) -> bytes:
+        """The rest (a last line without a newline)."""
+        rest, self._partial = self._partial, b""
+        return self._hooked(rest) if rest else b""

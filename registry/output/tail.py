@@ -3,20 +3,16 @@
 The log file keeps the raw bytes (``dispatch logs`` shows them unchanged). Programs get text:
 :class:`OutputTail` decodes UTF-8 incrementally, so a character split across two reads is
 decoded whole, and invalid bytes (binary output, NUL is fine) become U+FFFD instead of raising.
-It keeps only the last ``limit`` characters plus counters of everything seen.
-
-:class:`LogReader` reads a growing log file from an offset without holding it open between
-reads (a registry may follow hundreds of sessions).
+It keeps only the last ``limit`` characters plus counters of everything seen. The raw log
+itself is read by :mod:`registry.output.log`.
 """
 
 from __future__ import annotations
 
 import codecs
-import os
 from dataclasses import dataclass
-from typing import BinaryIO
 
-__all__ = ["LogReader", "OutputTail", "TailView", "decode_tail", "tail_lines"]
+__all__ = ["OutputTail", "TailView", "decode_tail"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,62 +110,3 @@ def decode_tail(data: bytes, skipped: int, chars: int, *, final: bool) -> TailVi
     if final:
         tail.finish()
     return tail.text(chars)
-
-
-class LogReader:
-    """Reads what was appended to a log since the last call."""
-
-    def __init__(self, path: str | os.PathLike[str], offset: int = 0) -> None:
-        self.path = os.fspath(path)
-        self.offset = offset
-
-    def size(self) -> int:
-        """Current size of the file (0 when it does not exist yet)."""
-        try:
-            return os.stat(self.path).st_size
-        except FileNotFoundError:
-            return 0
-
-    def read_new(self, limit: int = 64 * 1024 * 1024) -> bytes:
-        """Bytes appended since the last read (at most ``limit``); b"" when nothing is new."""
-        size = self.size()
-        if size <= self.offset:
-            return b""
-        want = min(size - self.offset, limit)
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return b""
-        try:
-            chunks: list[bytes] = []
-            got = 0
-            while got < want:
-                data = os.pread(fd, min(want - got, 4 * 1024 * 1024), self.offset + got)
-                if not data:
-                    break
-                chunks.append(data)
-                got += len(data)
-        finally:
-            os.close(fd)
-        self.offset += got
-        return b"".join(chunks)
-
-
-def tail_lines(f: BinaryIO, count: int) -> bytes:
-    """The last ``count`` lines of a binary file (a final line without newline counts)."""
-    if count <= 0:
-        return b""
-    end = f.seek(0, os.SEEK_END)
-    block = 64 * 1024
-    data = b""
-    pos = end
-    while pos > 0:
-        step = min(block, pos)
-        pos -= step
-        f.seek(pos)
-        data = f.read(step) + data
-        body = data[:-1] if data.endswith(b"\n") else data
-        if body.count(b"\n") >= count:
-            break
-    lines = data.splitlines(keepends=True)
-    return b"".join(lines[-count:])

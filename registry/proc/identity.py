@@ -18,10 +18,10 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from registry.environment import MARKER_ENV
 from scope.foundation.procstat import ProcStat, read_stat
 
 __all__ = [
-    "MARKER_ENV",
     "Identity",
     "alive",
     "descendants",
@@ -31,9 +31,6 @@ __all__ = [
     "send",
     "table",
 ]
-
-MARKER_ENV = "DISPATCH_SESSION_ID"
-"""Set in every worker's environment; inherited by everything it starts."""
 
 
 @dataclass(frozen=True, kw_only=True, order=True)

@@ -222,13 +222,6 @@ class EventStore:
             rows = conn.execute(sql, params).fetchall()
         return [_row_to_event(r) for r in rows]
 
-    def completion_of(self, session_id: str) -> Event | None:
-        """The session's completion event, if stored."""
-        found = self.list(
-            session_id=session_id, include_acked=True, types=[EventType.COMPLETION], limit=1
-        )
-        return found[0] if found else None
-
     # -- acknowledging -----------------------------------------------------------------------
 
     def ack(self, event_ids: Iterable[str], *, now: float) -> AckResult:

@@ -5,7 +5,9 @@ dispatcher/ add their own branches by subclassing. The whole tree::
 
     DispatchError                      exit 1 unless a subclass says otherwise
     ├── UsageError                     exit 2: a bad argument or an unknown/ambiguous id
-    │   └── NotFoundError              exit 2: an id, file or name that does not exist
+    │   ├── NotFoundError              exit 2: an id, file or name that does not exist
+    │   ├── IdTooShort                 ids.py: an id prefix under 4 characters (exit 2)
+    │   ├── AmbiguousId                ids.py: an id prefix matches several ids (exit 2)
     │   └── Invalid                    exit 2: a value does not fit its kind (schema parsers)
     ├── ConfigError                    exit 2: config file invalid (carries file and line)
     ├── ScopeError                     scope/errors.py: placing or stopping a systemd scope failed

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.app.runtime import Runtime, open_runtime
-from dispatcher.cron.ledger import FireRecord, Ledger
+from dispatcher.cron.ledger import Ledger
+from dispatcher.cron.records import FireRecord
 from dispatcher.cron.scheduler import CronScheduler, TickReport
 from dispatcher.cron.settings import CronJob, CronSettings, OverlapPolicy
 from dispatcher.cron.waker import CronWaker

@@ -31,8 +31,8 @@ from dispatcher.kanban.model import (
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
-from registry.errors import AmbiguousId
 from scope.foundation.errors import NotFoundError
+from scope.foundation.ids import AmbiguousId, IdTooShort
 
 NOW = 1_800_000_000.0
 ME = Claimant(pid=1, start=1, boot=None)
@@ -105,12 +105,17 @@ def test_prefix_resolution(store: BoardStore) -> None:
     assert store.resolve_card(card_id[:6]).id == card_id
     assert store.resolve_card(card_id[2:7].upper()).id == card_id
     assert store.resolve_card(card_id[:4]).id == card_id  # 4 characters as typed
-    with pytest.raises(BadCard, match="too short"):
+    assert store.resolve_card(f"  {card_id[:5]}\t").id == card_id
+    # The one id rule (scope.foundation.ids.lookup), as for sessions: exit 2 every time.
+    with pytest.raises(IdTooShort, match="at least 4 characters") as short:
         store.resolve_card(card_id[:3])
-    with pytest.raises(BadCard, match="look like"):
+    assert short.value.exit_code == 2
+    with pytest.raises(NotFoundError, match="look like c_"):
         store.resolve_card("c_xyz!")
     with pytest.raises(NotFoundError):
         store.resolve_card("c_ffffffffff" if not card_id.startswith("c_ffff") else "c_0000")
+    with pytest.raises(IdTooShort):
+        store.resolve_run("r_1")
 
 
 def test_claim_is_compare_and_set(store: BoardStore) -> None:

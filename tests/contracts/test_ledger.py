@@ -1,8 +1,10 @@
 """The cron-ledger contract (:class:`dispatcher.cron.abc.LedgerStore`), run against every backend.
 
-SQLite today; cluster mode adds PostgreSQL to ``BACKENDS``. Each test states one promise the
-scheduler relies on: unique fire keys, compare-and-set status changes, watermarks that never go
-back, pause/resume, all-or-nothing transactions, history and pruning.
+``BACKENDS``: in memory (:class:`dispatcher.cron.memory.MemoryLedger`), SQLite (the state
+database's :class:`dispatcher.cron.ledger.Ledger`) and PostgreSQL (cluster mode's
+:class:`dispatcher.cluster.ledger.PgLedger`; the ``postgres`` tier). Each test states one
+promise the scheduler relies on: unique fire keys, compare-and-set status changes, watermarks
+that never go back, pause/resume, all-or-nothing transactions, history and pruning.
 """
 
 from __future__ import annotations
@@ -19,20 +21,26 @@ from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.changes import FireChange
-from dispatcher.cron.ledger import Kind, Ledger, Status
+from dispatcher.cron.ledger import Ledger
+from dispatcher.cron.memory import MemoryLedger
+from dispatcher.cron.records import Kind, Status
 from dispatcher.launch.outcome import Outcome
 
 NOW = 1_800_000_000.0
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @pytest.fixture(params=BACKENDS)
 def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], LedgerStore]]:
-    """Opens the backend; each call is a new handle on the same ledger (another "process")."""
+    """Opens the backend; each call is a new handle on the same ledger (another "process"; in
+    memory there is one ledger, so one handle, which is safe to share between threads)."""
     states: list[Any] = []
     url = request.getfixturevalue("pg_url") if request.param == "postgres" else ""
+    memory = MemoryLedger()
 
     def open_one() -> LedgerStore:
+        if request.param == "memory":
+            return memory
         if url:
             cluster = ClusterDB(url, max_size=1)
             states.append(cluster)

@@ -31,15 +31,17 @@ from registry.abc import (
     SpawnRequest,
     WaitOutcome,
 )
-from registry.errors import AmbiguousId, HandoffRefused
+from registry.errors import HandoffRefused
 from registry.fake import FakeRegistry
 from registry.settings import RegistrySettings
 from scope import open_scoper
 from scope.abc import Placement, Policy, Scoper
 from scope.foundation.clock import FakeClock
 from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.ids import AmbiguousId, IdKind, IdTooShort
 from scope.settings import ScopeSettings
 from tests.support.systemd import SystemdManager
+from tests.support.wait import wait_for
 from tests.test_events_support import ECHO
 from tests.test_registry_support import SLEEPER, open_registry
 from tests.test_registry_support import request as make_request
@@ -61,15 +63,15 @@ class Subject:
     """End a running :data:`ECHO` session with exit 0 and output ``bye``."""
     now: Callable[[], float]
     """The wall time the registry stamps ``finished_at`` with."""
+    say: Callable[[Session, bytes], None]
+    """Make a running :data:`ECHO` session write these lines."""
     placement: Placement
     """Where a default CLI spawn is placed."""
 
 
 def _fake() -> Subject:
     clock = FakeClock(start=time.time())
-    fake = FakeRegistry(
-        clock=clock.time, settings=RegistrySettings(finished_ttl=TTL, max_sessions=KEEP)
-    )
+    fake = FakeRegistry(clock=clock, settings=RegistrySettings(finished_ttl=TTL, max_sessions=KEEP))
 
     def finish(code: int, output: bytes) -> Session:
         clock.advance(1.0)  # distinct finishing times, as real sessions have
@@ -79,7 +81,10 @@ def _fake() -> Subject:
     def end(session: Session) -> Session:
         return fake.finish(session.id, exit_code=0, output=b"bye\n")
 
-    return Subject(fake, finish, end, clock.time, Placement.IN_PROCESS)
+    def say(session: Session, lines: bytes) -> None:
+        fake.write(session.id, lines)
+
+    return Subject(fake, finish, end, clock.time, say, Placement.IN_PROCESS)
 
 
 @contextlib.contextmanager
@@ -95,7 +100,10 @@ def _process(state_dir: Path, scoper: Scoper | None, placement: Placement) -> It
             real.write_stdin(session.id, b"bye\nquit\n")
             return real.wait(session.id, timeout=15).snapshot.session
 
-        yield Subject(real, finish, end, time.time, placement)
+        def say(session: Session, lines: bytes) -> None:
+            real.write_stdin(session.id, lines)  # ECHO writes them back
+
+        yield Subject(real, finish, end, time.time, say, placement)
 
 
 @pytest.fixture(
@@ -139,13 +147,31 @@ def test_lookup(subject: Subject) -> None:
     session = subject.finish(0, b"")
     assert registry.resolve(session.id[:8]).id == session.id
     assert registry.resolve(session.id[2:8]).id == session.id
+    assert registry.resolve(f"  {session.id[:6].upper().replace('S_', 's_')} ").id == session.id
+    assert registry.resolve(session.id[:4]).id == session.id  # 4 characters as typed
     with pytest.raises(NotFoundError):
         registry.get("s_ffffffffffff")
-    with pytest.raises((NotFoundError, UsageError)):
-        registry.resolve("s_ab")
+    with pytest.raises(IdTooShort) as short:
+        registry.resolve(session.id[:3])
+    assert short.value.exit_code == 2 and "at least 4 characters" in short.value.message
+    with pytest.raises(NotFoundError, match="look like s_"):
+        registry.resolve("nosuch")
     with pytest.raises(NotFoundError):
-        registry.resolve("s_ffffffffffff")
-    assert isinstance(AmbiguousId("session", "abcd", ["a", "b"]), UsageError)
+        registry.resolve("s_ffffffffffff" if not session.id.startswith("s_ffff") else "s_0000")
+
+
+def test_an_ambiguous_prefix_lists_every_candidate(
+    subject: Subject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = iter(["s_abcd00000001", "s_abcd00000002"])
+    monkeypatch.setattr(IdKind, "new", lambda kind: next(made))
+    twins = [subject.finish(0, b"").id for _ in range(2)]
+    assert twins == ["s_abcd00000001", "s_abcd00000002"]
+    with pytest.raises(AmbiguousId) as caught:
+        subject.registry.resolve("abcd")
+    assert caught.value.fields["candidates"] == twins
+    assert caught.value.exit_code == 2 and isinstance(caught.value, UsageError)
+    assert subject.registry.resolve("s_abcd00000002").id == twins[1]
 
 
 def test_find_by_owner(subject: Subject) -> None:
@@ -186,6 +212,67 @@ def test_running_kill_wait_and_listeners(subject: Subject) -> None:
     assert again.session == snap.session
     assert registry.wait(session.id, timeout=1).outcome is WaitOutcome.FINISHED
     assert seen == [session.id]
+
+
+# -- output ------------------------------------------------------------------------------------
+
+LOG = b"a\nb\npassword=hunter2\nd"
+
+
+def test_reading_a_log_selects_then_presents(subject: Subject) -> None:
+    registry = subject.registry
+    session = subject.finish(0, LOG)
+    sid = session.id
+    assert registry.log_size(sid) == len(LOG)
+    assert registry.read_log(sid) == LOG  # raw: byte for byte
+    assert registry.read_log(sid, head=3) == b"a\nb"
+    assert registry.read_log(sid, tail_lines=2) == b"password=hunter2\nd"
+    assert registry.read_log(sid, tail_lines=0) == b""
+    assert registry.read_log(sid, byte_range=(2, 5)) == b"b\np"
+    assert registry.read_log(sid, byte_range=(0, 4), tail_lines=1) == b"b\n"
+    assert registry.read_log(sid, tail_lines=2, hooks=True) == b"password=***\nd"
+    assert registry.apply_hooks(session, "password=hunter2", purpose="logs") == "password=***"
+    times = registry.output_times(sid)
+    assert times.known and times.offset_since(0.0) == 0
+    arrived = times.time_at(0)
+    assert arrived is not None and arrived <= subject.now() + 1.0
+    assert registry.read_log(sid, since=0.0) == LOG
+    assert registry.read_log(sid, since=subject.now() + 3600) == b""
+    assert registry.read_log(sid, stamp=lambda t: "T", tail_lines=2) == b"T password=hunter2\nT d"
+    both = registry.read_log(sid, stamp=lambda t: "T", hooks=True, since=0.0)
+    assert both == b"T a\nT b\nT password=***\nT d"
+
+
+def test_following_a_log_until_its_session_ends(subject: Subject) -> None:
+    registry = subject.registry
+    session = _spawn(registry)
+    raw = registry.follow_log(session.id)
+    hooked = registry.follow_log(session.id, hooks=True)
+    subject.say(session, b"password=hunter2\n")
+    first = next(raw)  # waits for the output
+    assert first and b"password=hunter2\n".startswith(first)
+    assert raw.session is None  # still running
+    subject.end(session)
+    assert first + b"".join(raw) == b"password=hunter2\nbye\n"
+    assert raw.session is not None and raw.session.state is SessionState.EXITED
+    assert b"".join(hooked) == b"password=***\nbye\n"  # hooked whole lines
+    assert hooked.session == raw.session
+    assert b"".join(registry.follow_log(session.id, 9)) == b"hunter2\nbye\n"  # from an offset
+
+
+def test_a_follow_that_times_out_leaves_the_worker_running(subject: Subject) -> None:
+    registry = subject.registry
+    session = _spawn(registry)
+    follow = registry.follow_log(session.id, timeout=0.2)
+    assert b"".join(follow) == b"" and follow.session is None
+    assert registry.get(session.id).state is SessionState.RUNNING
+    polled = registry.follow_log(session.id)
+    assert polled.read_new() == b"" and polled.offset == 0  # never waits
+    subject.say(session, b"late\n")
+    seen = bytearray()
+    wait_for(lambda: seen.extend(polled.read_new()) or bytes(seen) == b"late\n", 10, what="line")
+    assert polled.offset == 5
+    subject.end(session)
 
 
 # -- pruning -----------------------------------------------------------------------------------

@@ -172,9 +172,12 @@ def _env(text: str) -> object:
 
 
 def _card_id(text: str) -> object:
-    from dispatcher.kanban.rules import id_wanted
+    from dispatcher.kanban.rows import CARD_IDS
+    from scope.foundation.ids import lookup
 
-    return id_wanted(text, "c_", "card")
+    # The one id rule; every well-formed prefix names a card of its own, so what is checked
+    # is the grammar of what may be typed.
+    return lookup(text, CARD_IDS, starting=lambda prefix: [prefix])
 
 
 def _title(text: str) -> object:
