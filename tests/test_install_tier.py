@@ -25,17 +25,25 @@ from typing import Any
 import pytest
 
 from tests.support.browser import WebProcess
-from tests.support.install import ROOT, Installed, install_from_checkout, wheel_names
+from tests.support.install import (
+    ROOT,
+    Installed,
+    install_from_checkout,
+    pip_check,
+    wheel_names,
+)
 from tests.support.postgres import PostgresServer
 from tests.support.systemd import CommandFailed, SystemdManager
 
 pytestmark = pytest.mark.install
 
-CONFIG = """\
+KANBAN = """\
 kanban:
   assignees:
     echo:
       command: [sh, -c, 'echo "card $DISPATCH_CARD_ID"']
+"""
+CONFIG = KANBAN + """\
 cron:
   jobs:
     - id: beat
@@ -129,6 +137,9 @@ def user(installed: Installed, tmp_path: Path, systemd_manager: SystemdManager) 
 
 
 def test_the_wheel_installs_without_extras(installed: Installed, tmp_path: Path) -> None:
+    assert "No broken requirements found" in pip_check(installed.venv)
+    script = Path(installed.program).read_text().splitlines()[0]
+    assert script == f"#!{installed.python}", script
     names = wheel_names(installed.wheel)
     web = ROOT / "dispatcher" / "web"
     for folder in ("templates", "static"):
@@ -275,11 +286,11 @@ def test_cluster(
     postgres_server: PostgresServer,
 ) -> None:
     url = postgres_server.url(postgres_server.create_database())
-    user = User(installed, tmp_path, systemd_manager, CONFIG)
+    user = User(installed, tmp_path, systemd_manager, KANBAN)
     try:
         first = user.dispatch("kanban", "add", "moved along", "--assignee", "echo").stdout.strip()
         user.dispatch("state", "migrate", "--to", url)
-        user.config.write_text(CONFIG + f"cluster:\n  database: {url}\n  host_id: alpha\n")
+        user.config.write_text(KANBAN + f"cluster:\n  database: {url}\n  host_id: alpha\n")
         user.unit(["serve"], "notify", "serve.log")
         assert user.card_done(first)["runs"][0]["placement"] == "scoped"
         second = user.dispatch("kanban", "add", "in the cluster", "--assignee", "echo").stdout

@@ -23,6 +23,7 @@ that is what the tier is for.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -129,7 +130,8 @@ def wheelhouse() -> Path:
 
 def install_wheel(wheel: Path, venv: Path) -> str:
     """A fresh venv at ``venv`` with ``wheel`` and its runtime requirements, no extras;
-    returns how the requirements were found (for the summary)."""
+    returns how the requirements were found (for the summary). ``pip check`` is
+    :func:`pip_check`."""
     try:
         import venv as _venv  # noqa: F401 - only to know that venvs can be made here
     except ImportError as exc:
@@ -144,21 +146,28 @@ def install_wheel(wheel: Path, venv: Path) -> str:
     _checked(made, "python -m venv")
     python = str(venv / "bin" / "python")
     house = wheelhouse()
+    house.mkdir(parents=True, exist_ok=True)
     stamp = house / ".filled"
-    fresh = stamp.exists() and time.time() - stamp.stat().st_mtime < WHEELHOUSE_MAX_AGE
     offline = ["--python", python, "install", "--quiet", "--no-index", "--find-links", str(house)]
     how = "cached wheelhouse"
-    if not fresh or _pip(*offline, str(wheel)).returncode != 0:
-        # Fill it the way a deployment resolves: the ordinary index, latest matching versions.
-        house.mkdir(parents=True, exist_ok=True)
-        _checked(_pip("wheel", "--quiet", "--wheel-dir", str(house), str(wheel)), "pip wheel")
-        for ours in house.glob("dispatch-*.whl"):
-            ours.unlink()
-        stamp.touch()
-        _checked(_pip(*offline, str(wheel)), "pip install of the wheel")
-        how = "wheelhouse filled from the index"
-    _checked(_pip("--python", python, "check"), "pip check")
+    # Test runs on one machine share the wheelhouse: one fills it while the others wait.
+    with open(house / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fresh = stamp.exists() and time.time() - stamp.stat().st_mtime < WHEELHOUSE_MAX_AGE
+        if not fresh or _pip(*offline, str(wheel)).returncode != 0:
+            # Filled the way a deployment resolves: the ordinary index, latest versions.
+            _checked(_pip("wheel", "--quiet", "--wheel-dir", str(house), str(wheel)), "pip wheel")
+            for ours in house.glob("dispatch-*.whl"):
+                ours.unlink()
+            stamp.touch()
+            _checked(_pip(*offline, str(wheel)), "pip install of the wheel")
+            how = "wheelhouse filled from the index"
     return how
+
+
+def pip_check(venv: Path) -> str:
+    """``pip check`` of the venv's installed distributions; its report."""
+    return _checked(_pip("--python", str(venv / "bin" / "python"), "check"), "pip check")
 
 
 def wheel_names(wheel: Path) -> set[str]:
