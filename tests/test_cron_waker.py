@@ -74,3 +74,24 @@ def test_a_storm_of_wake_requests_never_stops_the_wakes(leak_guard) -> None:
         wait_for(lambda: scheduler.steps > before + 10, 10, what="wakes after the storm")
     finally:
         waker.stop()
+
+
+def test_a_wake_job_removed_after_shutdown_is_no_error_in_apschedulers_thread() -> None:
+    """APScheduler removes a date job after it ran; when ``shutdown`` marked the scheduler
+    stopped in between, its ``remove_job`` raised ``JobLookupError`` in the scheduler thread
+    (seen at a gateway's stop). Stopped, a missing job is no error; running, it still is."""
+    import datetime as dt
+
+    import pytest
+    from apscheduler.jobstores.base import JobLookupError
+
+    from dispatcher.cron.waker import _Scheduler
+
+    aps = _Scheduler(timezone=dt.UTC)
+    aps.start()
+    try:
+        with pytest.raises(JobLookupError):
+            aps.remove_job("dispatch-cron-wake-missing")
+    finally:
+        aps.shutdown(wait=True)
+    aps.remove_job("dispatch-cron-wake-missing")  # what the scheduler thread does at the race

@@ -31,7 +31,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_STOPPED
 
 from dispatcher.cron.scheduler import CronScheduler
 from registry.errors import StateError
@@ -41,6 +43,21 @@ __all__ = ["CronWaker"]
 log = logging.getLogger("dispatch.cron")
 
 _WAKE_JOB_PREFIX = "dispatch-cron-wake-"
+
+
+class _Scheduler(BackgroundScheduler):
+    """APScheduler's background scheduler, safe to shut down while a wake job fires.
+
+    After running a date job, APScheduler's thread removes it; if :meth:`shutdown` marked the
+    scheduler stopped in between, ``remove_job`` looks only at the pending list and raises in
+    that thread. A job that is gone because the scheduler stopped is no error."""
+
+    def remove_job(self, job_id: str, jobstore: str | None = None) -> None:
+        try:
+            super().remove_job(job_id, jobstore)
+        except JobLookupError:
+            if self.state != STATE_STOPPED:
+                raise
 
 
 class CronWaker:
@@ -87,7 +104,7 @@ class CronWaker:
         with self._lock:
             if self._aps is not None:
                 return
-            self._aps = BackgroundScheduler(
+            self._aps = _Scheduler(
                 timezone=dt.UTC,
                 job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 1},
             )
