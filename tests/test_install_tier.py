@@ -43,13 +43,14 @@ kanban:
     echo:
       command: [sh, -c, 'echo "card $DISPATCH_CARD_ID"']
 """
-CONFIG = KANBAN + """\
+CRON = """\
 cron:
   jobs:
     - id: beat
       every: 2s
       command: [sh, -c, 'echo beat']
 """
+CONFIG = KANBAN + CRON
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import sqlite3
 import stat
 import threading
@@ -254,7 +253,7 @@ def check_private(path: Path, info: os.stat_result | None = None) -> None:
             f"owned by {_user_name(info.st_uid)}, not by the running user {_user_name(uid)}",
             # The command must paste as it is: a name (or the bare uid), nothing around it.
             remedy=f"use a state dir you own (--state-dir), or 'chown -R {_owner_word(uid)} "
-            f"{shlex.quote(str(path))}' if its content is trusted",
+            f"{path}' if its content is trusted",
         )
     if stat.S_IMODE(info.st_mode) & 0o022:
         mode = stat.S_IMODE(info.st_mode)
