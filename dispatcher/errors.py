@@ -6,7 +6,8 @@
     DispatchError
     └── DispatcherError        cron, kanban or the gateway could not do what was asked
         ├── EnvFileError       an env_file is unreadable, unsafe or malformed
-        └── GatewayError       ``dispatch serve`` cannot start or run (e.g. already running)
+        ├── GatewayError       ``dispatch serve`` cannot start or run (e.g. already running)
+        └── MissingModule      the installation lacks a module the command imports
 
 cron and kanban add their own branches (dispatcher/cron/errors.py, dispatcher/kanban/errors.py).
 """
@@ -34,3 +35,27 @@ class EnvFileError(DispatcherError):
 
     def describe(self) -> str:
         return f"env_file {self.fields['path']}: {self.fields['problem']}"
+
+
+class MissingModule(DispatcherError):
+    """A module the command needs cannot be imported (exit 1): the installation is incomplete
+    or broken. Permanent until someone reinstalls, so ``dispatch serve`` stops on it at start
+    instead of asking for a restart."""
+
+    def __init__(self, module: str, detail: str) -> None:
+        super().__init__(
+            remedy="reinstall dispatch with its dependencies ('pip install --force-reinstall "
+            "dispatch'), and report it if that does not help",
+            module=module,
+            detail=detail,
+        )
+
+    def describe(self) -> str:
+        return f"dispatch cannot import {self.fields['module']} ({self.fields['detail']})"
+
+    @classmethod
+    def from_import_error(cls, err: ImportError) -> MissingModule:
+        """Ours for ``err`` (its module name and Python's one-line reason)."""
+        from scope.foundation.text import one_line
+
+        return cls(err.name or "a module", one_line(str(err)) or type(err).__name__)

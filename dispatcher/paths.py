@@ -27,7 +27,9 @@ def resolve_state_dir(explicit: str | None, environ: Mapping[str, str]) -> Path:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
         # Paths under the state dir are stored as text (the board, the cron ledger, which
-        # may live in PostgreSQL); a name with bytes that are not UTF-8 cannot be.
+        # may live in PostgreSQL); a name with bytes that are not UTF-8 cannot be. A usage
+        # error (exit 2), unlike the state-dir errors (exit 1): the argument itself is
+        # unusable, on any machine, whatever is at that path.
         raise UsageError(
             f"state dir {quote(str(path))} is not a UTF-8 path",
             remedy="pass --state-dir (or DISPATCH_STATE_DIR) naming a directory in UTF-8",
@@ -36,16 +38,7 @@ def resolve_state_dir(explicit: str | None, environ: Mapping[str, str]) -> Path:
 
 
 def prepare_state_dir(path: Path) -> Path:
-    """Create the state dir with mode 0700 (parents too); a clear error when it cannot be."""
-    try:
-        return ensure_private_dir(path)
-    except (FileExistsError, NotADirectoryError):
-        raise UsageError(
-            f"state dir {path} is not a directory",
-            remedy="pass --state-dir with a directory path",
-        ) from None
-    except PermissionError:
-        raise UsageError(
-            f"cannot create state dir {path}: permission denied",
-            remedy="pass --state-dir with a writable directory",
-        ) from None
+    """Create the state dir with mode 0700 (parents too). One line and exit 1 when it cannot
+    be, like every other state-dir error
+    (:class:`~registry.store.database.StateDirUnusable`, ``UnsafeStatePath``)."""
+    return ensure_private_dir(path)

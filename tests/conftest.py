@@ -7,6 +7,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.support.install import summary_line as install_summary_line
 from tests.support.leaks import leak_guard
 from tests.support.postgres import cluster_db, pg_url, postgres_server
 from tests.support.postgres import summary_line as postgres_summary_line
@@ -54,6 +55,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Report which systemd manager and PostgreSQL server the run used."""
+    """Report which systemd manager, PostgreSQL server and installed wheel the run used."""
     terminalreporter.write_line(summary_line(terminalreporter.config))
     terminalreporter.write_line(postgres_summary_line(terminalreporter.config))
+    terminalreporter.write_line(install_summary_line(terminalreporter.config))

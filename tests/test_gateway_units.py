@@ -62,6 +62,22 @@ def test_serve_wants_type_notify_and_linger(tmp_path: Path) -> None:
     assert "loginctl enable-linger bob" in " ".join(report["remedies"])
 
 
+def test_a_restarting_serve_unit_must_stop_on_permanent_errors(tmp_path: Path) -> None:
+    base = "[Service]\nType=notify\nExecStart=/usr/bin/dispatch serve\nRestart=on-failure\n"
+    report = inspect_unit(unit(tmp_path, base), degrade_without_scope=False, current_user="bob")
+    assert report["checks"]["restart"]["ok"] is False
+    assert "dispatch-test.service: add RestartPreventExitStatus=1 2" in report["remedies"]
+    only_two = base + "RestartPreventExitStatus=2\n"
+    report = inspect_unit(unit(tmp_path, only_two), degrade_without_scope=False, current_user="b")
+    assert report["checks"]["restart"]["ok"] is False
+    both = base + "RestartPreventExitStatus=1 2\n"
+    report = inspect_unit(unit(tmp_path, both), degrade_without_scope=False, current_user="b")
+    assert report["checks"]["restart"]["ok"] is True
+    never = "[Service]\nType=notify\nExecStart=/usr/bin/dispatch serve\n"
+    report = inspect_unit(unit(tmp_path, never), degrade_without_scope=False, current_user="b")
+    assert "restart" not in report["checks"]
+
+
 def test_system_unit_needs_the_users_runtime_dir(tmp_path: Path, linger_dir: Path) -> None:
     (linger_dir / "root").touch()
     program = f"{sys.executable} -m dispatcher.cli.main"
@@ -113,7 +129,9 @@ def test_doctor_json_has_units(tmp_path: Path) -> None:
         "exec_reload",
         "linger",
         "runtime_dir",
+        "restart",
     }
+    assert found["checks"]["restart"]["ok"] is True
     assert proc.returncode == (0 if report["probe"]["ok"] else 1)
 
 

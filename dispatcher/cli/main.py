@@ -3,7 +3,9 @@
 Each subcommand group lives in its own module exposing ``register(subparsers, common)``; the
 handler a module installs with ``set_defaults(handler=...)`` receives ``(args, ctx)`` and returns
 the exit status. Errors derived from :class:`~scope.foundation.errors.DispatchError` become one
-line on stderr and their class's exit code; anything else is a bug and shows a traceback.
+line on stderr and their class's exit code; so does an ``ImportError`` (an incomplete
+installation: exit 1, :class:`~dispatcher.errors.MissingModule`); anything else is a bug and
+shows a traceback.
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ def main(
     except DispatchError as err:
         _print_error(err)
         return err.exit_code
+    except ImportError as err:
+        return _missing_module(err)
     return _run(args, environ, clock)
 
 
@@ -152,6 +156,8 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock | No
     except DispatchError as err:
         _print_error(err)
         return err.exit_code
+    except ImportError as err:
+        return _missing_module(err)
     except sqlite3.DatabaseError as err:
         # Store queries raise sqlite3 errors for a damaged or foreign database: one line, no
         # traceback (the state module translates what it can foresee; this is the backstop).
@@ -170,6 +176,15 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock | No
         if ctx is not None:
             ctx.close()
         logging.getLogger("dispatch").removeHandler(handler)
+
+
+def _missing_module(err: ImportError) -> int:
+    """An incomplete installation is one line and exit 1 for every command, not a traceback
+    (a dependency missing from a plain ``pip install``: issue 19)."""
+    from dispatcher.errors import MissingModule
+
+    _print_error(MissingModule.from_import_error(err))
+    return EXIT_FAILED
 
 
 def _print_error(err: DispatchError) -> None:

@@ -1,8 +1,10 @@
 """``dispatch serve``: run the gateway (cron + kanban + registry) until SIGTERM.
 
-Exit codes: 0 after a clean stop (workers keep running), 1 when it cannot start (another serve
-holds the state dir: the message names its pid), 2 for a bad config, 75 to ask the supervisor
-for a restart after an internal failure.
+Exit codes: 0 after a clean stop (workers keep running); 1 or 2 with one line when it cannot
+start and a restart would not help (2: a bad config, a duplicate live host id, a refused
+database login; 1: another serve holds the state dir, the state dir is unusable, a module is
+missing); 75 to ask the supervisor for a restart when one can help (the cluster database is
+down, the disk is full, an internal failure). See :mod:`dispatcher.gateway.exits`.
 """
 
 from __future__ import annotations

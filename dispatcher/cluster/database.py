@@ -19,7 +19,8 @@ on the unique fire key (:mod:`dispatcher.cluster.ledger`).
 
 The URL a user sees never carries a password (:func:`redact`); a password may come from a 0600
 file (:func:`password_from_file`). Every psycopg error is translated here, once, into a
-:class:`ClusterError` (exit 1: the server cannot be reached or used now) or a
+:class:`ClusterError` (exit 1: the database cannot be used now), its
+:class:`ClusterUnreachable` (exit 1, no connection: the one a restart of ``serve`` may cure) or
 :class:`ClusterRefused` (exit 2: the URL, user or password is wrong).
 """
 
@@ -80,6 +81,13 @@ class ClusterRefused(ClusterError):
     """The server refused us: wrong URL, user, database or password (exit 2: configuration)."""
 
     exit_code = 2
+
+
+class ClusterUnreachable(ClusterError):
+    """No connection to the server now: refused, timed out, cut (exit 1; ``serve`` asks for a
+    restart at start, since the server may come back)."""
+
+    restart_helps = True
 
 
 def password_from_file(path: Path) -> str:
@@ -192,7 +200,11 @@ class ClusterDB:
                 remedy="check the URL's user and database, and cluster.password_file",
             )
         if "Connection refused" in text:
-            return ClusterError(text, url=self.url, remedy="is the server running on that host?")
+            return ClusterUnreachable(
+                text, url=self.url, remedy="is the server running on that host?"
+            )
+        if isinstance(err, psycopg.OperationalError):
+            return ClusterUnreachable(text, url=self.url)
         return ClusterError(text, url=self.url)
 
     @contextlib.contextmanager
@@ -205,7 +217,7 @@ class ClusterDB:
             with self.pool.connection(timeout=self._connect_timeout) as conn:
                 yield conn
         except PoolTimeout as err:
-            raise ClusterError(
+            raise ClusterUnreachable(
                 f"no connection within {self._connect_timeout:g} s",
                 url=self.url,
                 remedy="check that the server runs and the URL, user and password are right",

@@ -28,10 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from dispatcher.cluster.database import ClusterDB, ClusterError
 from scope.foundation.clock import Clock, SystemClock
+from scope.foundation.procstat import boot_time
 
 HOSTS_LOCK = 0x64697370_686F73  # "disp" "hos": joins one at a time
 
@@ -97,7 +96,7 @@ def host_boot_id(state_dir: Path, boot_id_file: Path = BOOT_ID_FILE) -> str:
         kernel = ""
     if not kernel:
         # Without the kernel's id, the boot time is as stable within one boot.
-        kernel = f"btime-{int(psutil.boot_time())}"
+        kernel = f"btime-{boot_time() or 0}"
     digest = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:8]
     return f"{kernel}/{digest}"
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dispatcher.errors import GatewayError
+from registry.store.database import StateDirUnusable
 from scope.foundation.procstat import start_time
 
 LOCK_NAME = "serve.lock"
@@ -37,8 +38,12 @@ class ServeLock:
         self._fd: int | None = None
 
     def acquire(self) -> Holder:
-        """Take the lock or raise :class:`GatewayError` naming the running gateway's pid."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        """Take the lock or raise :class:`GatewayError` naming the running gateway's pid
+        (:class:`~registry.store.database.StateDirUnusable` when the file cannot be written)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            raise StateDirUnusable.from_os_error(self.path.parent, err, "is not writable") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -39,6 +39,8 @@ from dispatcher.config import load_config
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import host_zone_name
+from dispatcher.errors import MissingModule
+from dispatcher.gateway.exits import EXIT_FAILED, EXIT_OK, EXIT_RESTART, start_failure
 from dispatcher.gateway.limits import raise_fd_limit
 from dispatcher.gateway.lock import ServeLock
 from dispatcher.gateway.member import Alone, open_gateway_state
@@ -57,11 +59,6 @@ from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import DispatchError
 
 log = logging.getLogger("dispatch.gateway")
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_RESTART = 75
-"""Asks the supervisor for a restart (Restart=on-failure restarts on any non-zero status)."""
 
 BOARD_POLL = 0.25
 """Seconds between board-version checks (pokes usually wake the gateway sooner)."""
@@ -176,23 +173,31 @@ class Gateway:
         return self._ticks
 
     def run(self) -> int:
-        """Serve until asked to stop; returns the exit status (0, 1 or 75)."""
+        """Serve until asked to stop; returns the exit status (0 or 75), or raises the
+        :class:`DispatchError` that makes a start impossible (see :mod:`.exits`)."""
         lock = ServeLock(self.state_dir)
         lock.acquire()
         raise_fd_limit()
         logging.getLogger("dispatch").addHandler(self.errors)
         previous = self._install_signals()
         wake: WakeSocket | None = None
+        started = False
         try:
             try:
                 wake = WakeSocket(self.state_dir)
             except OSError as err:
                 log.warning("no wake socket (%s); new cards wait for the next board poll", err)
             self.start()
+            started = True
             status = self._loop(wake)
-        except DispatchError:
-            raise
-        except Exception:
+        except DispatchError as err:
+            status = start_failure(err)
+        except Exception as err:
+            if isinstance(err, ImportError) and not started:
+                # A module missing at start stays missing: one line, no restart loop.
+                raise MissingModule.from_import_error(err) from None
+            # An internal error, or a module missing only once running (its files were
+            # upgraded under it): a fresh process may well get past it.
             log.exception("gateway failed; asking the supervisor for a restart (exit 75)")
             status = EXIT_RESTART
         finally:

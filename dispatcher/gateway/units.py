@@ -163,6 +163,7 @@ def inspect_unit(
         }
         if not ok:
             remedies.append(f"{unit.path.name}: set Type=notify")
+        _restart_check(unit, service, checks, remedies)
 
     _exec_checks(unit, service, user, checks, remedies)
     lingering = _lingers(user)
@@ -189,6 +190,30 @@ def inspect_unit(
         "checks": checks,
         "remedies": remedies,
     }
+
+
+def _restart_check(
+    unit: UnitFile,
+    service: dict[str, list[str]],
+    checks: dict[str, dict[str, Any]],
+    remedies: list[str],
+) -> None:
+    """A serve unit that restarts must not restart on 1 and 2 (permanent until someone acts:
+    a bad config, a missing module, an unusable state dir; see dispatcher.gateway.exits)."""
+    restart = (service.get("Restart") or ["no"])[-1]
+    if restart == "no":
+        return
+    prevented = set(" ".join(service.get("RestartPreventExitStatus", [])).split())
+    ok = {"1", "2"} <= prevented
+    checks["restart"] = {
+        "ok": ok,
+        "value": f"Restart={restart} RestartPreventExitStatus={' '.join(sorted(prevented))}",
+        "detail": "restarts only when serve asks (exit 75) or crashes"
+        if ok
+        else "restarts forever on errors a restart cannot fix (exit 1 and 2)",
+    }
+    if not ok:
+        remedies.append(f"{unit.path.name}: add RestartPreventExitStatus=1 2")
 
 
 def _kill_mode_check(

@@ -24,8 +24,12 @@ Errors (joining :class:`registry.errors.StateError`)::
     StateError
     ├── StateDamaged       the file is not a database or is malformed (restore or move aside)
     ├── StateFull          no space left for a write (resumes by itself once space returns)
+    ├── StateDirUnusable   the state dir cannot be created or written, or is not a directory
     └── UnsafeStatePath    a state path is owned by someone else, group/other-writable or a
                            symlink where none may be
+
+Every one of them exits 1, whichever command meets it (the state dir is not an argument
+error: the same path works for another user or on another mount).
 
 The registry owns this module because it is the lowest package that stores anything; it knows
 nothing about the tables other packages register.
@@ -81,6 +85,38 @@ class StateFull(StateError):
             path=path,
             detail=detail,
             remedy="free space on its file system; stored state is intact and writes resume",
+        )
+
+    restart_helps = True  # space may come back by itself (a cleanup job, a rotated log)
+
+
+class StateDirUnusable(StateError):
+    """The state dir (or a directory in it) cannot be created or written, or is not a
+    directory (exit 1; nothing is run)."""
+
+    def __init__(self, path: str, problem: str, remedy: str) -> None:
+        super().__init__(problem, path=path, remedy=remedy)
+
+    def describe(self) -> str:
+        return f"state dir {self.fields['path']} {self.fields['problem']}"
+
+    @classmethod
+    def not_a_directory(cls, path: Path | str) -> StateDirUnusable:
+        """The path names a file (or something below a file)."""
+        return cls(str(path), "is not a directory", "pass --state-dir with a directory path")
+
+    @classmethod
+    def from_os_error(cls, path: Path | str, err: OSError, doing: str) -> StateDirUnusable:
+        """The error for ``err``, met while ``doing`` (``"cannot be created"``, ...)."""
+        if isinstance(err, FileExistsError | NotADirectoryError):
+            return cls.not_a_directory(path)
+        reason = err.strerror or type(err).__name__
+        if err.filename is not None and str(err.filename) != str(path):
+            reason = f"{reason}: {err.filename}"
+        return cls(
+            str(path),
+            f"{doing} ({reason})",
+            "pass --state-dir with a directory this user can write, or run as its owner",
         )
 
 
@@ -185,19 +221,25 @@ def ensure_private_dir(path: Path, *, allow_symlink: bool = True) -> Path:
     program trusts); one that is merely readable by others is tightened to 0700. With
     ``allow_symlink=False`` the last component must not be a symlink (a cache of code)."""
     path = Path(path)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not allow_symlink and path.is_symlink():
-        raise UnsafeStatePath(
-            str(path),
-            "is a symlink",
-            remedy=f"remove the link ('rm {path}'); dispatch recreates the directory",
-        )
-    info = path.stat()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not allow_symlink and path.is_symlink():
+            raise UnsafeStatePath(
+                str(path),
+                "is a symlink",
+                remedy=f"remove the link ('rm {path}'); dispatch recreates the directory",
+            )
+        info = path.stat()
+    except OSError as err:
+        raise StateDirUnusable.from_os_error(path, err, "cannot be created") from None
     if not stat.S_ISDIR(info.st_mode):
-        raise StateError("not a directory", path=str(path))
+        raise StateDirUnusable.not_a_directory(path)
     check_private(path, info)
     if stat.S_IMODE(info.st_mode) & 0o077:
-        os.chmod(path, 0o700)
+        try:
+            os.chmod(path, 0o700)
+        except OSError as err:
+            raise StateDirUnusable.from_os_error(path, err, "cannot be made private") from None
     return path
 
 
@@ -208,9 +250,10 @@ def check_private(path: Path, info: os.stat_result | None = None) -> None:
     if info.st_uid != uid:
         raise UnsafeStatePath(
             str(path),
-            f"owned by {_user_name(info.st_uid)}, not by the running user ({_user_name(uid)})",
-            remedy=f"use a state dir you own (--state-dir), or 'chown -R {_user_name(uid)} {path}'"
-            " if its content is trusted",
+            f"owned by {_user_name(info.st_uid)}, not by the running user {_user_name(uid)}",
+            # The command must paste as it is: a name (or the bare uid), nothing around it.
+            remedy=f"use a state dir you own (--state-dir), or 'chown -R {_owner_word(uid)} "
+            f"{path}' if its content is trusted",
         )
     if stat.S_IMODE(info.st_mode) & 0o022:
         mode = stat.S_IMODE(info.st_mode)
@@ -222,13 +265,19 @@ def check_private(path: Path, info: os.stat_result | None = None) -> None:
         )
 
 
-def _user_name(uid: int) -> str:
+def _owner_word(uid: int) -> str:
+    """What ``chown`` takes for ``uid``: the user's name, or the number without one."""
     import pwd
 
     try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return f"uid {uid}"
+        return str(uid)
+
+
+def _user_name(uid: int) -> str:
+    name = _owner_word(uid)
+    return f"uid {uid}" if name == str(uid) else f"{name} (uid {uid})"
 
 
 class StateDB:

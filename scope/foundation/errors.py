@@ -18,6 +18,9 @@ dispatcher/ add their own branches by subclassing. The whole tree::
     │   └── StateError                 the state database is unusable or from a newer version
     └── DispatcherError                dispatcher/errors.py: cron, kanban, gateway
 
+A class also says whether a restart can help (``restart_helps``): ``dispatch serve`` exits 75
+for those at start and with the class's exit code for every other one.
+
 Every error keeps its facts in structured fields and builds its message from them, so callers
 (the CLI, the JSON output, the event log) can use the fields without parsing text. Where a user can
 act, the message names the fix in ``remedy``.
@@ -39,6 +42,11 @@ class DispatchError(Exception):
     """
 
     exit_code: ClassVar[int] = 1
+    restart_helps: ClassVar[bool] = False
+    """Whether the same start may succeed later with nothing changed (a database that is
+    down, a disk that is full): ``dispatch serve`` then exits 75 to ask its supervisor for a
+    restart. Every other error at start is permanent until someone acts, so serve exits with
+    ``exit_code`` (1 or 2) and the shipped units do not restart it."""
 
     def __init__(self, message: str = "", *, remedy: str | None = None, **fields: Any) -> None:
         self.fields: dict[str, Any] = dict(fields)

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ProcStat", "boot_id", "group_members", "read_stat", "start_time"]
+__all__ = ["ProcStat", "boot_id", "boot_time", "group_members", "read_stat", "start_time"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,3 +77,20 @@ def boot_id() -> str | None:
             return handle.read().strip() or None
     except OSError:
         return None
+
+
+_PROC_STAT = "/proc/stat"
+
+
+def boot_time(proc_stat: str = _PROC_STAT) -> int | None:
+    """When this boot began, in whole epoch seconds (the ``btime`` line of ``/proc/stat``), or
+    None where /proc does not say. Stable within one boot, like :func:`boot_id`."""
+    try:
+        with open(proc_stat, encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(" ")
+                if key == "btime":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None

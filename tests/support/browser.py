@@ -69,10 +69,18 @@ class WebProcess:
         *args: str,
         listen: str = "127.0.0.1:0",
         timeout: float = 60.0,
+        program: Sequence[str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
+        argv = dispatch_argv(config, state, "web", "--listen", listen, *args)
+        if program is not None:
+            # Another installation of dispatch (the install tier's venv) instead of this
+            # checkout's: the same arguments after its program.
+            argv = [*program, *argv[3:]]
         self.proc = subprocess.Popen(
-            dispatch_argv(config, state, "web", "--listen", listen, *args),
+            argv,
             env=dict(env),
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
