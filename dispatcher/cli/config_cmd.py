@@ -16,6 +16,7 @@ from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, 
 from dispatcher.config import LoadedConfig, load_config, read_config_text
 from dispatcher.settings import SCHEMA
 from scope.foundation.errors import ConfigError
+from scope.foundation.text import plural
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -73,8 +74,8 @@ def handle_check(args: argparse.Namespace, ctx: Context) -> int:
         ctx.emit_json(summary)
     else:
         ctx.out(
-            f"{loaded.source}: ok ({len(settings.cron.jobs)} cron jobs, "
-            f"{len(settings.kanban.assignees)} assignees)"
+            f"{loaded.source}: ok ({plural(len(settings.cron.jobs), 'cron job')}, "
+            f"{plural(len(settings.kanban.assignees), 'assignee')})"
         )
     return 0
 

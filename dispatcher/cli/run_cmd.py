@@ -30,7 +30,13 @@ from dispatcher.cli.context import Context
 from dispatcher.cli.logs_cmd import stream
 from dispatcher.cli.parser import Parser, Subparsers, add_group, path_arg
 from dispatcher.cli.ps_cmd import session_json
-from dispatcher.cli.wait_cmd import EXIT_TIMEOUT, duration_arg, exit_status, report
+from dispatcher.cli.wait_cmd import (
+    EXIT_TIMEOUT,
+    duration_arg,
+    exit_status,
+    report,
+    still_running,
+)
 from registry.abc import HEARTBEAT_FLOOR, Owner, SpawnRequest, WaitOutcome, WatchPattern
 from registry.environment import MARKER_ENV
 from scope.abc import CallerKind
@@ -216,7 +222,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     if args.follow:
         followed = stream(ctx, registry.follow_log(session.id, 0, timeout=timeout))
         if followed is None:
-            ctx.warn(f"{session.id} still running after {args.timeout}; it keeps running")
+            ctx.warn(still_running(session.id, timeout))
             return EXIT_TIMEOUT
         final = followed
     else:
@@ -225,7 +231,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         if result.outcome is WaitOutcome.TIMEOUT:
             if ctx.json:
                 ctx.emit_json({**session_json(final), "outcome": result.outcome.value})
-            ctx.warn(f"{session.id} still running after {args.timeout}; it keeps running")
+            ctx.warn(still_running(session.id, timeout))
             return EXIT_TIMEOUT
     if ctx.json:
         ctx.emit_json(session_json(final))

@@ -50,6 +50,11 @@ def duration_arg(value: str | None, flag: str = "--timeout") -> float | None:
         raise UsageError(f"{flag}: {err.problem}") from None
 
 
+def still_running(session_id: str, timeout: float | None) -> str:
+    """The warning when ``--timeout`` elapsed first: ``s1 still running after 1 s; ...``."""
+    return f"{session_id} still running after {timeout or 0:g} s; it keeps running"
+
+
 def exit_status(session: Session) -> int:
     """The shell exit status that passes a finished session's result through."""
     if session.state is SessionState.FAILED_START:
@@ -84,7 +89,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     if ctx.json:
         ctx.emit_json({**session_json(final), "outcome": result.outcome.value})
     if result.outcome is WaitOutcome.TIMEOUT:
-        ctx.warn(f"{final.id} still running after {args.timeout}; it keeps running")
+        ctx.warn(still_running(final.id, timeout))
         return EXIT_TIMEOUT
     if not ctx.json:
         report(ctx, final)

@@ -79,7 +79,7 @@ class ClusterSettings:
     def url(self, environ: Mapping[str, str] = os.environ) -> str | None:
         """The database URL in force: the environment's, else the config's, else None."""
         from_env = environ.get(ENV_URL)
-        return check_url(from_env) if from_env else self.database
+        return check_url(from_env, ENV_URL, "environment") if from_env else self.database
 
     def effective_host_id(self) -> str:
         """``host_id``, else the short hostname made to fit the host id pattern."""

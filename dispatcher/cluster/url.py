@@ -25,8 +25,9 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, user + host, parts.path, "", ""))
 
 
-def check_url(url: str) -> str:
-    """The URL if it is a ``postgresql://`` URL, else a one-line ConfigError naming the fix."""
+def check_url(url: str, key: str = "cluster.database", path: str | None = None) -> str:
+    """The URL if it is a ``postgresql://`` URL, else a one-line ConfigError naming the fix
+    and where the URL came from (``key``: the config key or the environment variable)."""
     try:
         scheme = urlsplit(url).scheme
     except ValueError:
@@ -34,7 +35,8 @@ def check_url(url: str) -> str:
     if scheme not in ("postgresql", "postgres"):
         raise ConfigError(
             f"not a postgresql:// URL: {quote(redact(url))}",
-            key="cluster.database",
+            key=key,
+            path=path,
             remedy="write it as postgresql://USER@HOST:PORT/DBNAME",
         )
     return url

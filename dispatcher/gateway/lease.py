@@ -52,6 +52,7 @@ from dispatcher.gateway.statusfile import write_json
 from registry.abc import OwnerKind, Registry
 from scope.foundation.clock import Clock
 from scope.foundation.errors import DispatchError, NotFoundError
+from scope.foundation.text import plural
 
 log = logging.getLogger("dispatch.cluster")
 
@@ -225,9 +226,9 @@ class HostLoop:
         stale = self.board.rescue_stale(self.stamp.host_id, self.stamp.epoch, now=self.clock.time())
         if stale:
             log.warning(
-                "host %s: %d runs of an earlier epoch (a previous boot) closed lost",
+                "host %s: %s of an earlier epoch (a previous boot) closed lost",
                 self.stamp.host_id,
-                len(stale),
+                plural(len(stale), "run"),
             )
 
     # -- the step ----------------------------------------------------------------------------
@@ -331,11 +332,11 @@ class HostLoop:
             self._outage(now, err)
             return
         log.error(
-            "host %s was taken over while away (epoch %d is no longer current): killed %d "
-            "now-foreign workers, recorded nothing for them, rejoined at epoch %d",
+            "host %s was taken over while away (epoch %d is no longer current): killed %s, "
+            "recorded nothing for them, rejoined at epoch %d",
             self.stamp.host_id,
             old,
-            killed,
+            plural(killed, "now-foreign worker"),
             lease.epoch,
         )
         self.on_change(Change.REJOINED)

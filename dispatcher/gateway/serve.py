@@ -57,6 +57,7 @@ from scope.abc import CallerKind, Placement
 from scope.errors import ScopeUnavailable
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import DispatchError
+from scope.foundation.text import plural
 
 log = logging.getLogger("dispatch.gateway")
 
@@ -277,8 +278,8 @@ class Gateway:
         lost = [s for s in adopted if s.state is SessionState.LOST]
         running = [s for s in adopted if not s.finished]
         log.info(
-            "adopted %d running workers, %d finished while nobody watched, %d lost",
-            len(running),
+            "adopted %s, %d finished while nobody watched, %d lost",
+            plural(len(running), "running worker"),
             len(adopted) - len(running) - len(lost),
             len(lost),
         )
@@ -511,14 +512,17 @@ class Gateway:
             if degraded:
                 names = ", ".join(f"{s.id} ({s.owner})" for s in degraded)
                 log.warning(
-                    "%d degraded (unscoped) workers are lost when this unit stops, unless its "
-                    "KillMode=process: %s",
-                    len(degraded),
+                    "%s lost when this unit stops, unless its KillMode=process: %s",
+                    plural(len(degraded), "degraded (unscoped) worker")
+                    + (" is" if len(degraded) == 1 else " are"),
                     names,
                 )
+            kept = len(running) - len(degraded)
+            verb = "keeps" if kept == 1 else "keep"
             log.info(
-                "stopping; %d workers keep running in their own scopes or sessions",
-                len(running) - len(degraded),
+                "stopping; %s %s running in their own scopes or sessions",
+                plural(kept, "worker"),
+                verb,
             )
             self._refresh_status(stopping=True)
         except StateError as err:

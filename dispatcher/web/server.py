@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.web.errors import ListenRefused, PortInUse
+from scope.foundation.text import is_digits
 
 DEFAULT_LISTEN = "127.0.0.1:8470"
 GRACE = 1
@@ -49,9 +50,13 @@ class Listen:
 def parse_listen(text: str) -> Listen:
     """``HOST:PORT``, ``[IPV6]:PORT`` or ``NAME:PORT`` (a name must resolve here)."""
     host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+    if not sep or not host or not is_digits(port_text, 12):
         raise ListenRefused(text, "write it as HOST:PORT, e.g. 127.0.0.1:8470 or [::1]:8470")
     port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ListenRefused(
+            text, f"port {port} is out of range 0-65535", remedy="pick a free port, e.g. 8470"
+        )
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if host == "localhost":
         host = "127.0.0.1"

@@ -52,6 +52,12 @@ def quote(text: object, limit: int = QUOTE_LIMIT) -> str:
     return f"{text[:cut]!r}... ({len(text)} characters)"
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``count`` and ``noun`` as a person writes them: ``1 cron job``, ``0 cron jobs``,
+    ``2 assignees``. ``many`` is the plural when adding an ``s`` is wrong (``1 entry``)."""
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"
+
+
 def one_line(text: str, limit: int = 2000) -> str:
     """A message made safe for one terminal line: control characters and line breaks escaped,
     at most ``limit`` characters (a backstop; parsers quote with :func:`quote` already)."""
