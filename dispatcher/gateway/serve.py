@@ -40,6 +40,7 @@ from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import host_zone_name
 from dispatcher.errors import MissingModule
+from dispatcher.gateway import summary
 from dispatcher.gateway.exits import EXIT_FAILED, EXIT_OK, EXIT_RESTART, start_failure
 from dispatcher.gateway.limits import raise_fd_limit
 from dispatcher.gateway.lock import ServeLock
@@ -57,7 +58,6 @@ from scope.abc import CallerKind, Placement
 from scope.errors import ScopeUnavailable
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import DispatchError
-from scope.foundation.text import plural
 
 log = logging.getLogger("dispatch.gateway")
 
@@ -277,12 +277,8 @@ class Gateway:
         adopted = runtime.registry.adopt()
         lost = [s for s in adopted if s.state is SessionState.LOST]
         running = [s for s in adopted if not s.finished]
-        log.info(
-            "adopted %s, %d finished while nobody watched, %d lost",
-            plural(len(running), "running worker"),
-            len(adopted) - len(running) - len(lost),
-            len(lost),
-        )
+        finished = len(adopted) - len(running) - len(lost)
+        log.info("%s", summary.adopted(len(running), finished, len(lost)))
         for session in lost:
             log.warning(
                 "worker %s (%s) was lost: %s", session.id, session.owner, session.completion_reason
@@ -511,19 +507,8 @@ class Gateway:
                 self._kanban.gateway_stopping(degraded, self.clock.time())
             if degraded:
                 names = ", ".join(f"{s.id} ({s.owner})" for s in degraded)
-                log.warning(
-                    "%s lost when this unit stops, unless its KillMode=process: %s",
-                    plural(len(degraded), "degraded (unscoped) worker")
-                    + (" is" if len(degraded) == 1 else " are"),
-                    names,
-                )
-            kept = len(running) - len(degraded)
-            verb = "keeps" if kept == 1 else "keep"
-            log.info(
-                "stopping; %s %s running in their own scopes or sessions",
-                plural(kept, "worker"),
-                verb,
-            )
+                log.warning("%s", summary.degraded_lost(len(degraded), names))
+            log.info("%s", summary.stopping(len(running) - len(degraded)))
             self._refresh_status(stopping=True)
         except StateError as err:
             log.error("final bookkeeping skipped: %s", err)
