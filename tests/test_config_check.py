@@ -91,7 +91,7 @@ def test_a_program_not_on_path_is_a_warning_with_its_line(tmp_path: Path) -> Non
         f"dispatch: warning: {path}:9: kanban.assignees.w.command: program './local-tool' not "
         "found on PATH",
     ]
-    assert "ok (1 cron jobs, 3 assignees)" in done.stdout
+    assert "ok (1 cron job, 3 assignees)" in done.stdout
     # The worker's own PATH counts: found there, no warning.
     tool = tmp_path / "bin" / "no-such-program-x"
     tool.parent.mkdir()
