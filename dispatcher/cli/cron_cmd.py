@@ -23,7 +23,7 @@ from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, 
 from dispatcher.cron.crontab import parse as parse_crontab
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.records import FireRecord
-from dispatcher.cron.report import iso_in, row_entry
+from dispatcher.cron.report import iso_in, policy_text, row_entry
 from dispatcher.cron.timeline import EARLIEST, LATEST, CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
 from dispatcher.gateway.statusfile import scheduler_zone
@@ -32,7 +32,6 @@ from dispatcher.timefmt import TimeView
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
 from scope.foundation.errors import Invalid, UsageError
-from scope.foundation.schema import format_duration
 from scope.foundation.text import quote
 from scope.foundation.values import ISO_HINT, parse_iso_time
 
@@ -170,7 +169,7 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
                 times.at(nxt, entry["timezone"]) if nxt else "-",
                 times.ago(nxt) if nxt else "-",
                 _last_text(entry, times),
-                _policy_text(entry) if entry["schedule"] else "(config not loaded)",
+                policy_text(entry) if entry["schedule"] else "(config not loaded)",
             )
         )
     _table(ctx, rows)
@@ -182,18 +181,6 @@ def _last_text(entry: dict[str, Any], times: TimeView) -> str:
         return "-"
     at = entry.get("last_fire_at")
     return f"{entry['last_outcome']} {times.ago(at)}" if at else entry["last_outcome"]
-
-
-def _policy_text(p: dict[str, Any]) -> str:
-    text = (
-        f"overlap={p['overlap']} catch_up={p['catch_up']} "
-        f"window={format_duration(p['catch_up_window'])} max={p['catch_up_max']}"
-    )
-    if p["jitter"]:
-        text += f" jitter={format_duration(p['jitter'])}"
-    if p["timeout"]:
-        text += f" timeout={format_duration(p['timeout'])}"
-    return text
 
 
 def _table(ctx: Context, rows: Sequence[Sequence[str]]) -> None:

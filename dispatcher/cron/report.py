@@ -46,6 +46,20 @@ def policies(plan: JobPlan) -> dict[str, Any]:
     }
 
 
+def policy_text(p: dict[str, Any]) -> str:
+    """The policies of a :func:`policies` mapping on one line, as ``cron list`` and the web's
+    cron job page show them (``overlap=skip catch_up=latest window=1h max=100``)."""
+    text = (
+        f"overlap={p['overlap']} catch_up={p['catch_up']} "
+        f"window={format_duration(p['catch_up_window'])} max={p['catch_up_max']}"
+    )
+    if p["jitter"]:
+        text += f" jitter={format_duration(p['jitter'])}"
+    if p["timeout"]:
+        text += f" timeout={format_duration(p['timeout'])}"
+    return text
+
+
 def job_entry(
     plan: JobPlan,
     state: JobState | None,

@@ -8,12 +8,14 @@ show something the page itself would not. Unknown ids raise NotFoundError (404).
 
 from __future__ import annotations
 
+import shlex
 import time
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from dispatcher.cron.report import policy_text
 from dispatcher.kanban.model import MOVE_TARGETS, CardStatus, Run
 from dispatcher.web import views
 from dispatcher.web.live import present
@@ -208,7 +210,18 @@ def cron_context(site: Site, request: Request, job_id: str | None = None) -> dic
     title = f"Cron job {job_id}" if job_id else "Cron"
     context = site.context(request, title=title, nav="cron", stream=stream)
     context.update(jobs=listed, history=rows, job_id=job_id, configured=bool(jobs.plans))
+    # One job's page says what it runs and how, as ``cron list`` does.
+    context["job"] = _job_facts(listed[0].entry) if job_id and listed else None
     return context
+
+
+def _job_facts(entry: dict[str, Any]) -> dict[str, str]:
+    command = entry["command"]
+    return {
+        "command": command if isinstance(command, str) else shlex.join(command),
+        "shell": "yes" if isinstance(command, str) else "no",
+        "policies": policy_text(entry),
+    }
 
 
 def cron_fingerprint(site: Site) -> Any:
@@ -272,7 +285,10 @@ def session_context(site: Site, request: Request, session_id: str) -> dict[str, 
     text, offset, cut = log_tail(site, session)
     stream = f"/live/sessions/{session.id}?offset={offset}"
     context = site.context(request, title=f"Session {session.id}", nav="sessions", stream=stream)
-    context.update(session=session, log_text=text, log_cut=cut)
+    # The log's size on disk now (the registry's output seam), not the byte count the session
+    # record last stored: that one is written when the worker ends.
+    size = site.source.registry().log_size(session.id) or 0
+    context.update(session=session, log_text=text, log_cut=cut, log_bytes=size)
     return context
 
 

@@ -41,6 +41,8 @@ class Tile:
     run_id: str | None
     placement: str | None
     host: str | None
+    waits_for: tuple[str, ...] = ()
+    """A ``todo`` card's parents (what it waits for; the tile links them)."""
     rank: str
     """Sorts the column's tiles as the board orders them (text order)."""
 
@@ -94,6 +96,7 @@ def tile(card: Card, run: Run | None, *, host: str | None, failure_limit: int) -
         run_id=run.run_id if run else None,
         placement=run.placement if run else None,
         host=host if run else None,
+        waits_for=card.parents if card.status is CardStatus.TODO else (),
         rank=rank(card),
     )
 

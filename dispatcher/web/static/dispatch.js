@@ -91,11 +91,23 @@
     tick();
   }
 
+  // A log pane opens at its newest output and follows what is appended, until the reader
+  // scrolls up; scrolling back to the end follows again.
+  let following = true;
+  const atEnd = (pre) => pre.scrollHeight - pre.scrollTop - pre.clientHeight < 40;
+  const logPane = document.getElementById("log");
+  if (logPane) {
+    logPane.scrollTop = logPane.scrollHeight;
+    logPane.addEventListener("scroll", () => {
+      following = atEnd(logPane);
+    });
+  }
+
   function appendLog(data) {
     const pre = document.getElementById("log");
     if (!pre) return;
     pre.hidden = false;
-    const follow = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 40;
+    const follow = following;
     if (data.reset) {
       pre.textContent = "";
       const link = document.getElementById("log-session");
@@ -175,13 +187,13 @@
     if (source) source.close();
     source = null;
     setState("paused", "paused");
-    toggle.textContent = "Resume";
+    toggle.textContent = "Resume live updates";
     toggle.setAttribute("aria-pressed", "true");
   }
 
   function resume() {
     paused = false;
-    toggle.textContent = "Pause";
+    toggle.textContent = "Pause live updates";
     toggle.setAttribute("aria-pressed", "false");
     connect();
   }
