@@ -121,7 +121,11 @@ def create_site(source: Source, access: Access, *, hub: Hub | None = None) -> Si
     """The parts of a dashboard on ``source`` under ``access``'s rules."""
     keys: Keys = access.keys
     return Site(
-        source=source, hub=hub or Hub(source), renderer=Renderer(), keys=keys, access=access
+        source=source,
+        hub=hub or Hub(source),
+        renderer=Renderer(source.environ),
+        keys=keys,
+        access=access,
     )
 
 

@@ -7,6 +7,7 @@ replacement, so no stored string can make a page fail to render.
 
 from __future__ import annotations
 
+import time
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ import jinja2
 from starlette.responses import HTMLResponse
 
 from dispatcher import __version__
-from dispatcher.timefmt import TimeView, iso, span
+from dispatcher.timefmt import TimeView, iso, span, viewer_zone
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
@@ -36,28 +37,32 @@ def _segment(value: object) -> str:
     return urllib.parse.quote(str(value), safe="")
 
 
-def _zoned(at: float | None, zone: str | None = None) -> str:
-    """A timestamp as ``2026-11-30 09:00:05 +01:00`` in ``zone`` (default: the host's)."""
-    text = iso(at, zone)
-    return "-" if text is None else f"{text[:10]} {text[11:19]} {text[19:]}"
-
-
 def _ago(at: float | None, now: float) -> str:
     return "-" if at is None else span(now - at)
-
-
-def _at(at: float | None, zone: str | None = None) -> str:
-    """The one display rule for times (:class:`dispatcher.timefmt.TimeView`): the local time
-    with its zone, the date when it is not today."""
-    return TimeView.local().at(at, zone)
 
 
 def _span(seconds: float | None) -> str:
     return "-" if seconds is None else span(seconds)
 
 
-def environment() -> jinja2.Environment:
-    """The template environment (autoescape on for every template, undefined names fail)."""
+def environment(environ: Mapping[str, str] | None = None) -> jinja2.Environment:
+    """The template environment (autoescape on for every template, undefined names fail).
+
+    Times follow the CLI's one display rule (:class:`dispatcher.timefmt.TimeView`) in the zone
+    ``environ``'s ``TZ`` names (else the system's): ``|at`` is ``09:00:05 CET (3h ago)``, the
+    date added when it is not today; ``|clock`` is the same without the distance, for a place
+    that shows a live-ticking distance beside it."""
+    zone = viewer_zone(environ or {})
+
+    def times() -> TimeView:
+        return TimeView(now=time.time(), zone=zone)
+
+    def at(when: float | None, at_zone: str | None = None) -> str:
+        return times().both(when, at_zone)
+
+    def clock(when: float | None, at_zone: str | None = None) -> str:
+        return times().at(when, at_zone)
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         autoescape=True,
@@ -69,8 +74,8 @@ def environment() -> jinja2.Environment:
     env.filters.update(
         seg=_segment,
         iso=iso,
-        at=_at,
-        zoned=_zoned,
+        at=at,
+        clock=clock,
         span=_span,
     )
     env.globals.update(version=__version__, ago=_ago)
@@ -80,8 +85,8 @@ def environment() -> jinja2.Environment:
 class Renderer:
     """Renders pages and fragments from the templates."""
 
-    def __init__(self) -> None:
-        self.env = environment()
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.env = environment(environ)
 
     def text(self, template: str, context: Mapping[str, Any]) -> str:
         """A whole template rendered to text."""
