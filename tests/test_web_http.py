@@ -186,7 +186,7 @@ def test_every_page_renders(dash: Dash) -> None:
     cron = dash.client.get("/cron").text
     assert (
         "Europe/Berlin" in cron
-        and cron.count("03:00:00 +01:00") + cron.count("03:00:00 +02:00") == 5
+        and cron.count("03:00:00 CET (in ") + cron.count("03:00:00 CEST (in ") == 5
     )
     assert "Cluster mode is off" in dash.client.get("/hosts").text
     status = dash.client.get("/status").text
@@ -601,3 +601,48 @@ def test_cluster_mode_shows_every_host_and_its_lease(
         assert metrics["dispatch_state_readable"][()] == 1
     finally:
         board.close()
+
+
+def test_the_small_page_defects_are_gone(dash: Dash, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19, section 5: what each page shows, checked against the CLI."""
+    # A todo card links the parents it waits for, on its tile.
+    parent = dash.add("first")
+    child = dash.add("second", "--parent", parent)
+    board = dash.client.get("/").text
+    todo = board[board.index('id="col-todo"') : board.index('id="col-ready"')]
+    assert f'id="card-{child}"' in todo
+    assert f'waits for <a class="id" href="/cards/{parent}">{parent}</a>' in todo
+    # A running session's page shows its log's real size, and times as the CLI writes them.
+    code, out, err = dash.cli("run", "--", "sh", "-c", "printf 'hello there\\n'; exec sleep 60")
+    assert code == 0, err
+    session = out.strip()
+    registry = dash.source.registry()
+    wait_for(lambda: registry.log_size(session) == 12, timeout=10, what="the worker's line")
+    page = dash.client.get(f"/sessions/{session}").text
+    assert "(12 bytes)" in page and registry.get(session).total_bytes == 0
+    assert re.search(r"<dt>started</dt><dd>\d\d:\d\d:\d\d \S+ \((now|\d+s ago)\)</dd>", page)
+    assert not re.search(r"\d\d:\d\d:\d\d [+-]\d\d:\d\d", page)  # no bare numeric offset
+    # A kanban session's owner links its card (through its run).
+    assert dash.cli("kanban", "add", "sleepy", "--assignee", "sleeper")[0] == 0
+    assert dash.cli("kanban", "tick")[0] == 0
+    [running] = [c for c in dash.json("kanban", "list") if c["status"] == "running"]
+    shown = dash.json("kanban", "show", running["id"])
+    run = shown["current_run_id"]
+    worker = next(r for r in shown["runs"] if r["run_id"] == run)["session_id"]
+    page = dash.client.get(f"/sessions/{worker}").text
+    assert f'<a href="/runs/{run}">kanban:{run}</a>' in page
+    # The cron job page shows the command and the policies as `cron list` writes them.
+    job = dash.client.get("/cron/nightly").text
+    listed = dash.cli("cron", "list")[1]
+    policies = listed[listed.index("overlap=") :].splitlines()[0].strip()
+    assert "<dt>command</dt><dd><code>true</code>" in job and f"<code>{policies}</code>" in job
+    # The status page's doctor panel starts as `dispatch doctor` does on such a host.
+    monkeypatch.setattr("scope.doctor.booted_with_systemd", lambda marker="": False)
+    assert dash.cli("doctor")[1].splitlines()[0] == "system:    FAIL  not booted with systemd"
+    status = dash.client.get("/status").text
+    panel = status[status.index("<h2>Doctor</h2>") :]
+    assert '<table class="kv">\n<tr><th>system</th><td>FAIL not booted with systemd' in panel
+    # The two pause buttons say what they pause.
+    dash.sign_in()
+    board = dash.client.get("/").text
+    assert ">Pause live updates</button>" in board and "Pause claiming" in board
