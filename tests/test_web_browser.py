@@ -316,3 +316,48 @@ def test_the_layout_works_at_1280_and_390_px(browser: Any, home: Home, tmp_path:
         kept.mkdir(parents=True, exist_ok=True)
         for width, path in saved.items():
             shutil.copy(path, kept / f"web-board-{width}.png")
+
+
+FOLLOWED = (
+    "seq 1 300 | sed 's/^/early line /'; i=0; while [ $i -lt 600 ]; do i=$((i+1)); "
+    "echo late line $i; sleep 0.05; done"
+)
+
+
+def test_log_panes_follow_the_newest_output_and_the_add_form_floats(page: Any, home: Home) -> None:
+    """Issue 19, section 5: a log pane opens at its end and follows it until the reader
+    scrolls up; "Add card" opens over the board; the live toggle says what it pauses."""
+    session = home.dispatch("run", "--", "sh", "-c", FOLLOWED).stdout.strip()
+    assert home.web is not None
+    wait_for(
+        lambda: "late line" in home.dispatch("logs", session).stdout,
+        timeout=15,
+        what="the worker's output",
+    )
+    page.goto(f"{home.web.url}/sessions/{session}")
+    live(page)
+    gap = "(() => { const p = document.getElementById('log');"
+    gap += " return p.scrollHeight - p.scrollTop - p.clientHeight; })()"
+    top = "document.getElementById('log').scrollTop"
+    height = "document.getElementById('log').scrollHeight"
+    assert page.evaluate(top) > 0 and page.evaluate(gap) < 40  # opened at the newest line
+    grown = page.evaluate(height)
+    wait_for(lambda: page.evaluate(height) > grown + 200, timeout=15, what="the pane growing")
+    assert page.evaluate(gap) < 40  # and it followed
+    page.evaluate("document.getElementById('log').scrollTop = 0")
+    wait_for(lambda: page.evaluate(top) == 0, timeout=5, what="the scroll up")
+    grown = page.evaluate(height)
+    wait_for(lambda: page.evaluate(height) > grown + 200, timeout=15, what="more output")
+    assert page.evaluate(top) == 0  # the reader's place is kept
+    assert page.inner_text("#live-toggle") == "Pause live updates"
+    page.click("#live-toggle")
+    assert page.inner_text("#live-toggle") == "Resume live updates"
+    # The add form opens over the board instead of pushing it down.
+    signed_in(page, home)
+    before = page.locator("#board").bounding_box()
+    page.click("summary:has-text('Add card')")
+    form = page.locator("form[action='/cards']")
+    form.wait_for(state="visible")
+    after = page.locator("#board").bounding_box()
+    assert before is not None and after is not None and after["y"] == before["y"]
+    assert page.inner_text("#pause-form button") == "Pause claiming"
