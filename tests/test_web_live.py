@@ -184,7 +184,7 @@ def test_a_port_in_use_is_one_line_and_exit_1(home: Home) -> None:
     [
         ("0.0.0.0:0", "not a loopback address"),
         ("8470", "write it as HOST:PORT"),
-        ("127.0.0.1:99999", "write it as HOST:PORT"),
+        ("127.0.0.1:99999", "port 99999 is out of range"),
         ("no-such-host.invalid:8470", "cannot resolve"),
     ],
 )

@@ -80,7 +80,7 @@ class Str(Kind):
             # YAML 1.1 reads yes/no/on/off/true/false as booleans: COUNTRY: no is False.
             raise Invalid(
                 f"expected a string, got the boolean {str(value).lower()}; YAML reads yes, no, "
-                "on, off, true and false as booleans: quote the value (e.g. \"no\")"
+                'on, off, true and false as booleans: quote the value (e.g. "no")'
             )
         if not isinstance(value, str):
             raise Invalid(f"expected a string, got {_describe(value)}")
