@@ -14,7 +14,12 @@ from dispatcher.commonsettings import (
     pty_setting,
     shell_setting,
 )
+from dispatcher.launch.retry import RetryPolicy
+from scope.foundation.errors import Invalid
 from scope.foundation.schema import Bool, Duration, Int, MapOf, Optional, Record, setting
+
+FAILURE_LIMIT_DEFAULT = 2
+"""``kanban.failure_limit`` when not configured."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +40,11 @@ class Assignee:
         doc="Kill the worker after this long (outcome timed_out, counts as a failure).",
     )
     pty: bool = pty_setting()
+    retry: RetryPolicy | None = setting(
+        None,
+        kind=Optional(Record(RetryPolicy)),
+        doc="This assignee's retry policy (default: kanban.retry).",
+    )
 
     def check(self) -> None:
         """String commands need shell."""
@@ -58,7 +68,7 @@ class KanbanSettings:
         doc="Cluster mode: cap on running cards on this host (default: max_in_progress).",
     )
     failure_limit: int = setting(
-        2,
+        FAILURE_LIMIT_DEFAULT,
         kind=Int(min=1),
         doc="Consecutive counted failures that block a card (breaker); per-card override.",
     )
@@ -83,3 +93,20 @@ class KanbanSettings:
         kind=MapOf(Record(Assignee), JOB_ID_PATTERN, "assignee names are [a-z0-9][a-z0-9_-]*"),
         doc="Worker definitions by assignee name.",
     )
+    retry: RetryPolicy | None = setting(
+        None,
+        kind=Optional(Record(RetryPolicy)),
+        doc="Retry policy of every assignee without its own; retry.attempts is the kanban "
+        "failure_limit (default: back-off 10s doubling to 10m, full jitter).",
+    )
+
+    def check(self) -> None:
+        """``failure_limit`` and ``retry.attempts`` say the same thing: refuse two answers."""
+        attempts = self.retry.attempts if self.retry else None
+        default = FAILURE_LIMIT_DEFAULT
+        if attempts is not None and self.failure_limit not in (default, attempts):
+            raise Invalid(
+                f"conflicts with kanban.failure_limit ({self.failure_limit}): both set the "
+                "tries a card gets; keep one",
+                ("retry", "attempts"),
+            )

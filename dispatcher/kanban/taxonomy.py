@@ -3,9 +3,13 @@
 Exit 0 → ``done``. Exit 75 (EX_TEMPFAIL) → back to ``ready`` with exponential back-off, never
 counted, ``blocked`` (transient) after ``tempfail_limit`` in a row. Exit 78 (EX_CONFIG) → the
 breaker trips at once. Any other non-zero exit, a signal, a timeout, a lost keeper or a worker
-that could not start counts toward ``failure_limit``; at the limit the card is ``blocked`` with a
-``gave_up`` event. A refused spawn (no restart-safe scope) is infrastructure: never counted, the
-card stays ``ready`` behind a cooldown. Only a success or an explicit unblock resets the count.
+that could not start counts toward ``failure_limit`` (the kanban meaning of the retry policy's
+``attempts``) and goes back to ``ready`` behind the policy's back-off (``retry_at``); at the
+limit the card is ``blocked`` with a ``gave_up`` event. The configured rules of the card's retry
+policy (:mod:`dispatcher.launch.retry`) are consulted first: ``fail`` gives up at once, a
+``retry`` with ``counted: false`` backs off without using an attempt. A refused spawn (no
+restart-safe scope) is infrastructure: never counted, the card stays ``ready`` behind a
+cooldown. Only a success or an explicit unblock resets the count.
 
 How a finished session maps onto an outcome is the launch core's
 :func:`dispatcher.launch.outcome.outcome_of`, the same for cron. Nothing here touches the
@@ -15,8 +19,9 @@ transaction that closes the run, with the card as it is at that moment.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.kanban.model import (
@@ -29,6 +34,7 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.kanban.settings import KanbanSettings
 from dispatcher.launch.outcome import Outcome, Result
+from dispatcher.launch.retry import Action, Random, RetryPolicy, Rule
 
 COUNTED = frozenset(
     {
@@ -52,16 +58,37 @@ class Breaker:
     infrastructure_cooldown: float = 300.0
     backoff_base: float = 30.0
     backoff_max: float = 3600.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """``kanban.retry``: the policy of every assignee without its own."""
+    assignee_retry: Mapping[str, RetryPolicy] = field(default_factory=dict)
+    rng: Random = random.random
+    """The jitter's random source (injected by tests)."""
 
     @classmethod
-    def from_settings(cls, settings: KanbanSettings) -> Breaker:
+    def from_settings(cls, settings: KanbanSettings, rng: Random | None = None) -> Breaker:
         """The breaker configured by the ``kanban:`` section."""
         return cls(
             failure_limit=settings.failure_limit,
             tempfail_limit=settings.tempfail_limit,
             transient_block=settings.transient_block,
             infrastructure_cooldown=settings.infrastructure_cooldown,
+            retry=settings.retry or RetryPolicy(),
+            assignee_retry={
+                name: assignee.retry
+                for name, assignee in settings.assignees.items()
+                if assignee.retry is not None
+            },
+            rng=rng or random.random,
         )
+
+    def policy(self, assignee: str) -> RetryPolicy:
+        """The retry policy of ``assignee`` (its own, else ``kanban.retry``)."""
+        return self.assignee_retry.get(assignee, self.retry)
+
+    def limit(self, card: Card) -> int:
+        """Tries in all for ``card``: its ``--failure-limit``, else its policy's ``attempts``,
+        else ``kanban.failure_limit``."""
+        return card.failure_limit or self.policy(card.assignee).attempts or self.failure_limit
 
     def backoff(self, count: int) -> float:
         """Delay before retry number ``count`` (1-based) of a temporary failure: 30 s doubling,
@@ -109,6 +136,10 @@ def after_run(card: Card, run: Run, result: Result, breaker: Breaker, now: float
             },
             events=((EventKind.COMPLETED, data),),
         )
+    if outcome in COUNTED or outcome is Outcome.TEMPFAIL:
+        rule = breaker.policy(card.assignee).configured(outcome, result.exit_code)
+        if rule is not None:
+            return _by_rule(card, data, result, breaker, now, rule)
     if outcome is Outcome.TEMPFAIL:
         return _tempfail(card, data, result, breaker, now)
     if outcome is Outcome.SPAWN_REFUSED:
@@ -137,9 +168,40 @@ def after_run(card: Card, run: Run, result: Result, breaker: Breaker, now: float
     return _counted(card, data, result, breaker, now)
 
 
-def _tempfail(
-    card: Card, data: dict[str, Any], result: Result, breaker: Breaker, now: float
+def _by_rule(
+    card: Card, data: dict[str, Any], result: Result, breaker: Breaker, now: float, rule: Rule
 ) -> CardChange:
+    """A configured rule decides: fail now, a counted retry, or a retry that uses no attempt."""
+    data["rule"] = _rule_label(rule)
+    if rule.action is Action.FAIL:
+        return _counted(card, data, result, breaker, now, give_up=f"{data['rule']}: no retry")
+    if rule.counted:
+        return _counted(card, data, result, breaker, now)
+    data["counted"] = False
+    delay = breaker.policy(card.assignee).backoff.delay(card.tempfail_count + 1, breaker.rng)
+    return _tempfail(card, data, result, breaker, now, delay=delay)
+
+
+def _rule_label(rule: Rule) -> str:
+    if rule.name:
+        return rule.name
+    parts = [", ".join(o.value for o in rule.outcomes)] if rule.outcomes else []
+    if rule.exit_codes:
+        codes = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in rule.exit_codes)
+        parts.append(f"exit {codes}")
+    return "rule " + (" ".join(parts) or "(any)")
+
+
+def _tempfail(
+    card: Card,
+    data: dict[str, Any],
+    result: Result,
+    breaker: Breaker,
+    now: float,
+    *,
+    delay: float | None = None,
+) -> CardChange:
+    """Back off without using an attempt (exit 75, or a rule with ``counted: false``)."""
     count = card.tempfail_count + 1
     data["tempfail_count"] = count
     fields: dict[str, Any] = {"tempfail_count": count, "last_failure_error": result.error}
@@ -162,18 +224,28 @@ def _tempfail(
                 ),
             ),
         )
-    retry_at = now + breaker.backoff(count)
+    retry_at = now + (breaker.backoff(count) if delay is None else delay)
     data["retry_at"] = retry_at
     fields |= {"status": CardStatus.READY, "retry_at": retry_at}
-    return CardChange(fields=fields, events=((EventKind.TEMPFAIL, data),))
+    kind = EventKind.TEMPFAIL if result.outcome is Outcome.TEMPFAIL else EventKind.FAILED
+    return CardChange(fields=fields, events=((kind, data),))
 
 
 def _counted(
-    card: Card, data: dict[str, Any], result: Result, breaker: Breaker, now: float
+    card: Card,
+    data: dict[str, Any],
+    result: Result,
+    breaker: Breaker,
+    now: float,
+    *,
+    give_up: str | None = None,
 ) -> CardChange:
+    """A counted failure: back off before the next attempt, or give up at the limit."""
     failures = card.consecutive_failures + 1
-    limit = card.failure_limit or breaker.failure_limit
+    limit = breaker.limit(card)
     data["consecutive_failures"] = failures
+    data["attempt"] = failures
+    data["attempts"] = limit
     fields: dict[str, Any] = {
         "consecutive_failures": failures,
         # A counted failure ends any streak of temporary failures.
@@ -182,16 +254,17 @@ def _counted(
         "last_failure_error": result.error,
     }
     events: list[tuple[EventKind, Mapping[str, Any]]] = [(EventKind.FAILED, data)]
-    trip_now = result.outcome is Outcome.CONFIG_ERROR
-    if trip_now or failures >= limit:
-        reason = (
-            "configuration error (exit 78): the breaker trips at once"
-            if trip_now
-            else f"{failures} consecutive failures (failure limit {limit})"
-        )
+    if give_up is None and result.outcome is Outcome.CONFIG_ERROR:
+        give_up = "configuration error (exit 78): the breaker trips at once"
+    if give_up is None and failures >= limit:
+        give_up = f"{failures} consecutive failures (failure limit {limit})"
+    if give_up is not None:
         fields |= {"status": CardStatus.BLOCKED, "block_kind": None, "blocked_until": None}
-        events.append((EventKind.BLOCKED, {"block_kind": None, "reason": reason}))
-        events.append((EventKind.GAVE_UP, {"reason": reason, "last_error": result.error}))
-    else:
-        fields["status"] = CardStatus.READY
+        events.append((EventKind.BLOCKED, {"block_kind": None, "reason": give_up}))
+        events.append((EventKind.GAVE_UP, {"reason": give_up, "last_error": result.error}))
+        return CardChange(fields=fields, events=tuple(events))
+    delay = breaker.policy(card.assignee).backoff.delay(failures, breaker.rng)
+    data["retry_at"] = fields["retry_at"] = now + delay
+    data["reason"] = f"backoff, attempt {failures + 1} of {limit}"
+    fields["status"] = CardStatus.READY
     return CardChange(fields=fields, events=tuple(events))
