@@ -44,6 +44,7 @@ kanban:
       timeout: 1s
     missing:
       command: ["/nonexistent/worker-binary"]
+      retry: {{backoff: {{initial: 0s, max: 0s}}}}   # re-run at once: the test counts two tries
     reporter:
       command: ["sh", "-c", "{REPORT}"]
 """

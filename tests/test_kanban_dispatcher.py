@@ -39,6 +39,9 @@ from scope.errors import ManagerLost
 from scope.fake import FakeScoper
 from scope.foundation.clock import FakeClock
 
+BACKOFF_MAX = 600.0
+"""The default retry back-off's cap: after this long a counted failure is ready again."""
+
 
 @dataclass
 class Rig:
@@ -182,9 +185,12 @@ def test_priority_then_age_decides_the_order(tmp_path: Path) -> None:
 
 def test_exit_one_twice_blocks_with_gave_up(rig: Rig) -> None:
     card_id = rig.add()
-    for _ in range(2):
-        rig.tick()
-        finish_last(rig, card_id, exit_code=1)
+    rig.tick()
+    finish_last(rig, card_id, exit_code=1)
+    rig.tick()  # closes the first run: back-off before the second
+    rig.clock.advance(BACKOFF_MAX)
+    rig.tick()
+    finish_last(rig, card_id, exit_code=1)
     rig.tick()
     card = rig.store.get_card(card_id)
     assert card.status is CardStatus.BLOCKED and card.block_kind is None
@@ -266,7 +272,12 @@ def test_signals_timeouts_and_lost_keepers_count(
     card = rig.store.get_card(card_id)
     assert card.consecutive_failures == 1
     assert rig.outcomes(card_id)[0] == outcome
-    assert card.status is CardStatus.RUNNING  # retried at once: below the limit
+    # Below the limit: back to ready behind the default back-off (full jitter in [0, 10 s]).
+    assert card.status is CardStatus.READY and card.retry_at is not None
+    assert rig.clock.time() <= card.retry_at <= rig.clock.time() + 10
+    rig.clock.advance(10)
+    rig.tick()
+    assert rig.store.get_card(card_id).status is CardStatus.RUNNING
 
 
 def test_a_missing_binary_counts_as_an_ordinary_failure(rig: Rig) -> None:
@@ -275,6 +286,7 @@ def test_a_missing_binary_counts_as_an_ordinary_failure(rig: Rig) -> None:
     report = rig.tick()
     assert [c.outcome for c in report.refused] == [Outcome.FAILED_START]
     assert rig.store.get_card(card_id).consecutive_failures == 1
+    rig.clock.advance(BACKOFF_MAX)
     rig.tick()
     card = rig.store.get_card(card_id)
     assert card.status is CardStatus.BLOCKED and card.consecutive_failures == 2
@@ -546,8 +558,10 @@ def test_the_timeout_backstop_kills_through_the_registry(rig: Rig) -> None:
     rig.clock.advance(2)
     rig.tick()
     assert rig.registry.get(first).state is SessionState.TIMED_OUT
-    assert rig.outcomes(card_id) == ["timed_out", None]  # counted, below the limit: retried
     assert rig.store.get_card(card_id).consecutive_failures == 1
+    rig.clock.advance(BACKOFF_MAX)
+    rig.tick()
+    assert rig.outcomes(card_id) == ["timed_out", None]  # counted, below the limit: retried
 
 
 # -- operator stops ---------------------------------------------------------------------------

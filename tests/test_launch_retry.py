@@ -1,0 +1,222 @@
+"""The retry policy as a pure function: back-off bounds, rule order, config errors, kanban use."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dispatcher.config import parse_config
+from dispatcher.kanban.model import Card, CardStatus, EventKind, Run
+from dispatcher.kanban.taxonomy import Breaker, after_run
+from dispatcher.launch.outcome import Outcome, Result
+from dispatcher.launch.retry import (
+    Action,
+    Backoff,
+    Jitter,
+    RetryPolicy,
+    Rule,
+    decide,
+    parse_exit_range,
+)
+from scope.foundation.errors import ConfigError, Invalid
+from scope.foundation.schema import Record
+
+NOW = 1_800_000_000.0
+SAMPLE = {
+    "attempts": 4,
+    "backoff": {"initial": "10s", "factor": 2, "max": "10m", "jitter": "full"},
+    "rules": [
+        {"exit_codes": ["2", "64-77"], "action": "fail"},
+        {"outcomes": ["timed_out"], "action": "retry"},
+        {"outcomes": ["lost"], "action": "retry", "counted": False},
+    ],
+}
+
+
+def policy(raw: object = SAMPLE) -> RetryPolicy:
+    value = Record(RetryPolicy).convert(raw)
+    assert isinstance(value, RetryPolicy)
+    return value
+
+
+def half() -> float:
+    return 0.5
+
+
+# -- back-off ---------------------------------------------------------------------------------
+
+durations = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+factors = st.floats(min_value=1, max_value=100, allow_nan=False)
+unit = st.floats(min_value=0, max_value=1, exclude_max=True)
+
+
+@given(durations, factors, durations, st.integers(1, 10_000), unit, st.sampled_from(Jitter))
+def test_delay_stays_within_its_jitter_bounds(
+    initial: float, factor: float, extra: float, attempt: int, draw: float, jitter: Jitter
+) -> None:
+    backoff = Backoff(initial=initial, factor=factor, max=initial + extra, jitter=jitter)
+    nominal = backoff.nominal(attempt)
+    assert nominal <= backoff.max
+    delay = backoff.delay(attempt, lambda: draw)
+    assert 0 <= delay <= nominal
+    if jitter is Jitter.EQUAL:
+        assert delay >= nominal / 2
+    if jitter is Jitter.NONE:
+        assert delay == nominal == backoff.delay(attempt, lambda: 0.99)
+
+
+def test_nominal_delay_is_initial_times_factor_capped_at_max() -> None:
+    backoff = Backoff(initial=10, factor=2, max=600, jitter=Jitter.NONE)
+    assert [backoff.nominal(n) for n in range(1, 9)] == [10, 20, 40, 80, 160, 320, 600, 600]
+    assert backoff.delay(3, half) == 40
+    assert replace(backoff, jitter=Jitter.FULL).delay(3, half) == 20
+    assert replace(backoff, jitter=Jitter.EQUAL).delay(3, half) == 30
+
+
+# -- rules ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code", "retry", "counted"),
+    [
+        (Outcome.FAILED, 2, False, True),  # usage error: fail
+        (Outcome.FAILED, 70, False, True),  # in 64-77: fail
+        (Outcome.TEMPFAIL, 75, False, True),  # the config's 64-77 overrides the built-in 75
+        (Outcome.FAILED, 1, True, True),  # no rule: counted retry
+        (Outcome.TIMED_OUT, None, True, True),
+        (Outcome.LOST, None, True, False),
+        (Outcome.CONFIG_ERROR, 78, False, True),  # in 64-77 too
+    ],
+)
+def test_sample_rules(outcome: Outcome, code: int | None, retry: bool, counted: bool) -> None:
+    got = decide(policy(), used=0, outcome=outcome, exit_code=code, rng=half)
+    assert (got.retry, got.counted) == (retry, counted)
+
+
+def test_builtin_rules_give_75_and_78_their_meaning() -> None:
+    plain = RetryPolicy()
+    tempfail = decide(plain, used=3, outcome=Outcome.TEMPFAIL, exit_code=75, rng=half)
+    assert tempfail.retry and not tempfail.counted and tempfail.attempt == 3
+    config = decide(plain, used=0, outcome=Outcome.CONFIG_ERROR, exit_code=78, rng=half)
+    assert not config.retry
+
+
+def test_attempts_count_the_first_try_and_uncounted_retries_use_none() -> None:
+    sample = policy()
+    steps = [
+        decide(sample, used=used, outcome=Outcome.FAILED, exit_code=1, rng=half)
+        for used in range(4)
+    ]
+    assert [s.retry for s in steps] == [True, True, True, False]
+    assert [s.delay for s in steps[:3]] == [5.0, 10.0, 20.0]
+    assert steps[1].reason == "backoff, attempt 3 of 4"
+    lost = decide(sample, used=3, outcome=Outcome.LOST, exit_code=None, rng=half)
+    assert lost.retry and not lost.counted
+
+
+@given(st.lists(st.tuples(st.integers(0, 255), st.integers(0, 255)), min_size=1, max_size=4))
+def test_the_first_matching_rule_wins(ranges: list[tuple[int, int]]) -> None:
+    rules = tuple(
+        Rule(exit_codes=((min(a, b), max(a, b)),), action=Action.FAIL if i % 2 else Action.RETRY)
+        for i, (a, b) in enumerate(ranges)
+    )
+    sample = RetryPolicy(rules=rules)
+    for code in range(256):
+        first = next((r for r in rules if r.matches(Outcome.FAILED, code)), None)
+        if first is not None:
+            assert sample.match(Outcome.FAILED, code) is first
+
+
+def test_exit_ranges_parse() -> None:
+    assert parse_exit_range("64-77") == (64, 77)
+    assert parse_exit_range(2) == (2, 2)
+    for bad in ("77-64", "x", "1-", "300", True):
+        with pytest.raises(Invalid):
+            parse_exit_range(bad)
+
+
+# -- configuration ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("retry", "expected"),
+    [
+        ("{rules: [{outcomes: [exploded]}]}", "kanban.retry.rules[0].outcomes[0]: unknown outcome"),
+        ("{rules: [{exit_codes: ['9-x']}]}", "kanban.retry.rules[0].exit_codes[0]: invalid exit"),
+        ("{attempts: 0}", "kanban.retry.attempts: must be at least 1"),
+        ("{backoff: {factor: 0.5}}", "kanban.retry.backoff.factor: must be at least 1"),
+        ("{backoff: {initial: 1m, max: 10s}}", "kanban.retry.backoff.max: must be at least"),
+        ("{backoff: {jitter: some}}", "kanban.retry.backoff.jitter: invalid value"),
+        ("{attempts: 4}\n  failure_limit: 3", "kanban.retry.attempts: conflicts with kanban"),
+    ],
+)
+def test_bad_retry_config_is_one_line_naming_the_key(retry: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"kanban:\n  retry: {retry}\n", "c.yaml")
+    message = info.value.message
+    assert expected in message and "\n" not in message, message
+    assert info.value.exit_code == 2
+
+
+def test_retry_config_per_assignee_and_default() -> None:
+    settings = parse_config(
+        "kanban:\n  retry: {attempts: 4}\n  assignees:\n    a: {command: [x]}\n"
+        "    b:\n      command: [x]\n      retry: {attempts: 2, backoff: {jitter: none}}\n",
+        "c.yaml",
+    )
+    breaker = Breaker.from_settings(settings.kanban)
+    assert breaker.policy("a").attempts == 4
+    assert breaker.policy("b").backoff.jitter is Jitter.NONE
+    assert breaker.limit(card(assignee="b")) == 2
+    assert breaker.limit(card(assignee="a", failure_limit=7)) == 7
+
+
+# -- kanban -----------------------------------------------------------------------------------
+
+
+def card(**changes: object) -> Card:
+    base = Card(
+        id="c_0000000001",
+        title="t",
+        body="",
+        assignee="a",
+        status=CardStatus.RUNNING,
+        priority=0,
+        created_at=NOW - 100,
+        updated_at=NOW - 100,
+        current_run_id="r_0000000001",
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+RUN = Run(run_id="r_0000000001", card_id="c_0000000001", attempt=1, claimed_at=NOW - 10)
+
+
+def failed(code: int | None, outcome: Outcome = Outcome.FAILED) -> Result:
+    return Result(outcome=outcome, exit_code=code, error="e")
+
+
+def test_kanban_counted_failure_backs_off_by_default() -> None:
+    breaker = Breaker(rng=random.Random(7).random)
+    change = after_run(card(), RUN, failed(1), breaker, NOW)
+    assert change.fields["status"] is CardStatus.READY
+    assert NOW <= change.fields["retry_at"] <= NOW + 10
+    assert change.events[0][1]["reason"] == "backoff, attempt 2 of 2"
+
+
+def test_kanban_rules_fail_at_once_or_retry_uncounted() -> None:
+    breaker = Breaker(retry=policy(), rng=half)
+    usage = after_run(card(), RUN, failed(2), breaker, NOW)
+    assert usage.fields["status"] is CardStatus.BLOCKED
+    assert [kind for kind, _ in usage.events][-1] is EventKind.GAVE_UP
+    lost = after_run(card(consecutive_failures=3), RUN, failed(None, Outcome.LOST), breaker, NOW)
+    assert lost.fields["status"] is CardStatus.READY and lost.fields["retry_at"] == NOW + 5
+    assert "consecutive_failures" not in lost.fields
+    third = after_run(card(consecutive_failures=2), RUN, failed(1), breaker, NOW)
+    assert third.fields["retry_at"] == NOW + 20  # attempt 3 of 4: 40 s nominal, half of it
+    last = after_run(card(consecutive_failures=3), RUN, failed(1), breaker, NOW)
+    assert last.fields["status"] is CardStatus.BLOCKED
