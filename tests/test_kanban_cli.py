@@ -28,6 +28,12 @@ from tests.support.wait import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 REPORT = f"{sys.executable} -m dispatcher.cli.main kanban complete --result from-worker && exit 3"
+# Fails twice (exit 1), then exits 2 for a title ending in "usage", else succeeds.
+FLAKY = (
+    'n=$(cat \\"$DISPATCH_CARD_TITLE\\" 2>/dev/null || echo 0); n=$((n+1)); '
+    'echo $n > \\"$DISPATCH_CARD_TITLE\\"; case $DISPATCH_CARD_TITLE in *usage) exit 2;; esac; '
+    "test $n -ge 3"
+)
 # degrade_without_scope: a test runner inside a systemd service must still start workers.
 CONFIG = f"""
 kanban:
@@ -47,6 +53,12 @@ kanban:
       retry: {{backoff: {{initial: 0s, max: 0s}}}}   # re-run at once: the test counts two tries
     reporter:
       command: ["sh", "-c", "{REPORT}"]
+    flaky:
+      command: ["sh", "-c", "{FLAKY}"]
+      retry:
+        attempts: 4
+        backoff: {{initial: 300ms, factor: 2, max: 10m, jitter: none}}
+        rules: [{{exit_codes: ["2", "64-77"], action: fail}}]
 """
 
 
@@ -435,3 +447,62 @@ def test_retry_runs_a_finished_card_again_with_the_reason_in_its_events(tmp_path
     assert cli("kanban", "tick").returncode == 0
     wait_for(lambda: shown()["status"] == "done", 30, what="second run done")
     assert [r["attempt"] for r in shown()["runs"]] == [1, 2]
+
+
+def test_retry_policy_backs_off_then_completes_and_a_fail_rule_gives_up(
+    cli: Cli, home: Path
+) -> None:
+    _, out, _ = cli("kanban", "add", str(home / "flaky"), "--assignee", "flaky")
+    flaky = out.strip()
+    _, out, _ = cli("kanban", "add", str(home / "usage"), "--assignee", "flaky")
+    usage = out.strip()
+
+    def timing() -> tuple[float | None, list[tuple[float, float | None]]]:
+        conn = sqlite3.connect(home / "state" / "state.db")
+        try:
+            (retry_at,) = conn.execute(
+                "SELECT retry_at FROM kanban_cards WHERE id = ?", (flaky,)
+            ).fetchone()
+            runs = conn.execute(
+                "SELECT claimed_at, ended_at FROM kanban_runs WHERE card_id = ?"
+                " ORDER BY claimed_at",
+                (flaky,),
+            ).fetchall()
+            return retry_at, runs
+        finally:
+            conn.close()
+
+    backoffs = []
+    for attempt in (1, 2):
+        assert cli("kanban", "tick")[0] == 0
+        doc = wait_status(cli, flaky, "ready")
+        assert doc["retry"] == {
+            "attempt": attempt + 1,
+            "attempts": 4,
+            "counted": True,
+            "next_try_at": doc["retry_at"],
+            "reason": f"backoff, attempt {attempt + 1} of 4",
+        }
+        _, text, _ = cli("kanban", "show", flaky)
+        assert f"attempt   {attempt + 1} of 4" in text
+        assert f"(backoff, attempt {attempt + 1} of 4)" in text
+        if attempt == 1:
+            blocked = wait_status(cli, usage, "blocked")  # exit 2: the fail rule, no retry
+            assert [r["exit_code"] for r in blocked["runs"]] == [2]  # type: ignore[union-attr]
+            assert [e["kind"] for e in blocked["events"]][-1] == "gave_up"  # type: ignore[union-attr]
+        retry_at, runs = timing()
+        assert retry_at is not None and runs[-1][1] is not None
+        backoffs.append(retry_at - runs[-1][1])
+        # A tick before retry_at claims nothing; the claim after it starts the next attempt.
+        wait_for(
+            lambda n=attempt: (cli("kanban", "tick"), len(timing()[1]) > n)[1] or None,
+            timeout=20,
+            interval=0.05,
+            what=f"attempt {attempt + 1}",
+        )
+        assert timing()[1][-1][0] >= retry_at
+    doc = wait_status(cli, flaky, "done")
+    assert [r["outcome"] for r in doc["runs"]] == ["failed", "failed", "completed"]  # type: ignore[union-attr]
+    assert doc["retry"] is None
+    # jitter none: 300 ms, then 600 ms after the exit (stored times are float32-close)
+    assert 0.299 <= backoffs[0] < 0.45 and 0.599 <= backoffs[1] < 0.9, backoffs

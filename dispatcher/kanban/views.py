@@ -11,7 +11,7 @@ from typing import Any
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
 from dispatcher.kanban.report import TickReport
-from dispatcher.timefmt import TimeView, iso
+from dispatcher.timefmt import TimeView, iso, relative
 
 BOARD_ORDER = (
     CardStatus.TODO,
@@ -89,9 +89,33 @@ def event_json(event: Event) -> dict[str, Any]:
     }
 
 
+def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
+    """Where the card stands in its retry policy, from the last failure's event: ``attempt``
+    (the try that runs next), ``attempts`` (tries in all), ``next_try_at`` and ``reason``;
+    None for a card that has not failed since its last success or unblock."""
+    last = next(
+        (e for e in reversed(events) if e.kind in ("failed", "tempfail", "completed", "unblocked")),
+        None,
+    )
+    if last is None or last.kind in ("completed", "unblocked"):
+        return None
+    data = last.data
+    pending = card.status is CardStatus.READY and card.retry_at is not None
+    return {
+        "attempt": card.consecutive_failures + (1 if pending else 0),
+        "attempts": data.get("attempts") or card.failure_limit,
+        "counted": data.get("counted", last.kind == "failed"),
+        "next_try_at": iso(card.retry_at) if pending else None,
+        "reason": data.get("reason")
+        or ("temporary failure (exit 75)" if last.kind == "tempfail" else None),
+    }
+
+
 def show_json(card: Card, runs: Sequence[Run], events: Sequence[Event]) -> dict[str, Any]:
-    """``show --json``: the card's fields plus ``runs`` and ``events``."""
+    """``show --json``: the card's fields plus ``runs``, ``events`` and ``retry``
+    (:func:`retry_state`)."""
     doc = card_json(card)
+    doc["retry"] = retry_state(card, events)
     doc["runs"] = [run_json(r) for r in runs]
     doc["events"] = [event_json(e) for e in events]
     return doc
@@ -165,6 +189,7 @@ def show_text(
         lines.append("parents   " + " ".join(card.parents))
     if card.retry_at:
         lines.append(f"retry at  {view.both(card.retry_at)}")
+    lines += _retry_lines(card, events, view)
     if card.cooldown_until:
         lines.append(f"cooldown  until {view.both(card.cooldown_until)}")
     if card.last_failure_error:
@@ -191,6 +216,19 @@ def show_text(
     for event in events:
         extra = ", ".join(f"{k}={v}" for k, v in event.data.items() if v is not None)
         lines.append(f"  {short(event.at)}  {event.kind:<16}  {_cut(extra, 80)}")
+    return lines
+
+
+def _retry_lines(card: Card, events: Sequence[Event], view: TimeView) -> list[str]:
+    state = retry_state(card, events)
+    if state is None:
+        return []
+    of = f" of {state['attempts']}" if state["attempts"] else ""
+    lines = [f"attempt   {state['attempt']}{of}"]
+    if state["next_try_at"] and card.retry_at is not None:
+        when = relative(card.retry_at, view.now)
+        why = f" ({state['reason']})" if state["reason"] else ""
+        lines.append(f"next try {when}{why}")
     return lines
 
 
