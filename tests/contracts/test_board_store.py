@@ -29,8 +29,10 @@ from dispatcher.kanban.model import (
     NewCard,
 )
 from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.kanban.taxonomy import Breaker, after_run
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
+from dispatcher.launch.retry import Action, Backoff, Jitter, RetryPolicy, Rule
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import AmbiguousId, IdTooShort
 
@@ -406,3 +408,35 @@ def test_list_cards_can_stop_after_the_first_few(store: BoardStore) -> None:
     add(store, "lowest")
     assert [c.id for c in store.list_cards(limit=2)] == [high, low]
     assert store.list_cards(statuses=[CardStatus.READY], limit=0) == []
+
+
+def test_a_retry_policy_decision_is_stored_and_honoured_by_the_claim(store: BoardStore) -> None:
+    policy = RetryPolicy(
+        attempts=3,
+        backoff=Backoff(initial=10, factor=2, max=600, jitter=Jitter.EQUAL),
+        rules=(Rule(exit_codes=((2, 2),), action=Action.FAIL),),
+    )
+    breaker = Breaker(retry=policy, rng=lambda: 0.0)  # equal jitter at its floor: d/2
+    card_id = add(store)
+    run = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).run
+    assert run is not None
+    failed = Result(outcome=Outcome.FAILED, exit_code=1, error="flaky")
+    store.close_run(run.run_id, failed, lambda c, r: after_run(c, r, failed, breaker, NOW), now=NOW)
+    card = store.get_card(card_id)
+    assert (card.status, card.retry_at, card.consecutive_failures) == (
+        CardStatus.READY,
+        NOW + 5,
+        1,
+    )
+    (event,) = [e for e in store.events_of(card_id) if e.kind == EventKind.FAILED]
+    assert (event.data["attempt"], event.data["attempts"]) == (1, 3)
+    assert event.data["reason"] == "backoff, attempt 2 of 3"
+    refused = store.claim(card_id, now=NOW + 4.9, claimer=ME, limits=WIDE)
+    assert refused.verdict is ClaimVerdict.BACKOFF
+    run = store.claim(card_id, now=NOW + 5, claimer=ME, limits=WIDE).run
+    assert run is not None and run.attempt == 2
+    usage = Result(outcome=Outcome.FAILED, exit_code=2, error="usage")
+    store.close_run(run.run_id, usage, lambda c, r: after_run(c, r, usage, breaker, NOW), now=NOW)
+    card = store.get_card(card_id)
+    assert card.status is CardStatus.BLOCKED and card.retry_at is None
+    assert store.events_of(card_id)[-1].kind == EventKind.GAVE_UP
