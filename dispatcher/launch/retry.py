@@ -203,7 +203,7 @@ class Rule:
         True, kind=Bool(), doc="A retry uses an attempt (false: backs off, no attempt used)."
     )
     name: str | None = setting(
-        None, kind=Optional(Str()), doc="Shown in events and `kanban show` (default: builtin)."
+        None, kind=Optional(Str()), doc="Label in the card's events (default: the rule's criteria)."
     )
 
     def matches(self, outcome: Outcome, exit_code: int | None) -> bool:
