@@ -220,3 +220,15 @@ def test_kanban_rules_fail_at_once_or_retry_uncounted() -> None:
     assert third.fields["retry_at"] == NOW + 20  # attempt 3 of 4: 40 s nominal, half of it
     last = after_run(card(consecutive_failures=3), RUN, failed(1), breaker, NOW)
     assert last.fields["status"] is CardStatus.BLOCKED
+
+
+def test_list_and_board_show_a_card_backing_off() -> None:
+    from dispatcher.kanban.views import backing_off, board_text, card_table
+    from dispatcher.timefmt import TimeView
+
+    waiting = card(status=CardStatus.READY, retry_at=NOW + 40)
+    assert backing_off(waiting, NOW) == " [backing off, next try in 40s]"
+    assert backing_off(waiting, NOW + 40) == ""
+    view = TimeView(now=NOW, zone=None)
+    assert any("backing off" in line for line in board_text([waiting], paused=False, times=view))
+    assert "backing off" in card_table([waiting], times=view)[1]

@@ -381,7 +381,7 @@ def _board_once(ctx: Context) -> int:
                 doc[status.value] = [card_json(c) for c in cards if c.status is status]
         ctx.emit_json(doc)
     else:
-        for line in board_text(cards, paused=paused):
+        for line in board_text(cards, paused=paused, times=ctx.times()):
             ctx.out(line)
     return 0
 

@@ -145,7 +145,7 @@ def card_table(cards: Sequence[Card], *, times: TimeView | None = None) -> list[
         lines.append(
             f"{card.id:<12}  {status:<8}  {card.priority:>4}  {_cut(card.assignee, 12):<12}  "
             f"{card.consecutive_failures:>5}  {view.ago(card.updated_at):<10}  "
-            f"{_cut(card.title, 60)}"
+            f"{_cut(card.title, 60)}{backing_off(card, view.now)}"
         )
     return lines
 
@@ -232,8 +232,16 @@ def _retry_lines(card: Card, events: Sequence[Event], view: TimeView) -> list[st
     return lines
 
 
-def board_text(cards: Sequence[Card], *, paused: bool) -> list[str]:
+def backing_off(card: Card, now: float) -> str:
+    """`` [backing off, next try in 40s]`` for a ready card behind its ``retry_at``, else ""."""
+    if card.status is not CardStatus.READY or card.retry_at is None or card.retry_at <= now:
+        return ""
+    return f" [backing off, next try {relative(card.retry_at, now)}]"
+
+
+def board_text(cards: Sequence[Card], *, paused: bool, times: TimeView | None = None) -> list[str]:
     """A compact view by status (the newest done cards only)."""
+    view = times or TimeView.local()
     lines = ["claiming is PAUSED ('dispatch kanban resume' to resume)"] if paused else []
     for status in BOARD_ORDER:
         group = [c for c in cards if c.status is status]
@@ -247,6 +255,7 @@ def board_text(cards: Sequence[Card], *, paused: bool) -> list[str]:
                 note = f" [{card.block_kind.value}]"
             elif status is CardStatus.BLOCKED:
                 note = " [breaker]"
+            note += backing_off(card, view.now)
             lines.append(
                 f"  {card.id}  p{card.priority:<3} {_cut(card.assignee, 12):<12} "
                 f"{_cut(card.title, 56)}{note}"
