@@ -37,6 +37,9 @@ SAMPLE = {
 }
 
 
+FAIL_LOST = {"rules": [{"outcomes": ["lost"], "action": "fail"}]}
+
+
 def policy(raw: object = SAMPLE) -> RetryPolicy:
     value = Record(RetryPolicy).convert(raw)
     assert isinstance(value, RetryPolicy)
@@ -220,6 +223,9 @@ def test_kanban_rules_fail_at_once_or_retry_uncounted() -> None:
     assert third.fields["retry_at"] == NOW + 20  # attempt 3 of 4: 40 s nominal, half of it
     last = after_run(card(consecutive_failures=3), RUN, failed(1), breaker, NOW)
     assert last.fields["status"] is CardStatus.BLOCKED
+    stopped = Result(outcome=Outcome.LOST, infrastructure=True, error="gateway stopped")
+    interrupted = after_run(card(), RUN, stopped, Breaker(retry=policy(FAIL_LOST)), NOW)
+    assert [kind for kind, _ in interrupted.events] == [EventKind.INTERRUPTED]
 
 
 def test_list_and_board_show_a_card_backing_off() -> None:

@@ -136,7 +136,8 @@ def after_run(card: Card, run: Run, result: Result, breaker: Breaker, now: float
             },
             events=((EventKind.COMPLETED, data),),
         )
-    if outcome in COUNTED or outcome is Outcome.TEMPFAIL:
+    if (outcome in COUNTED or outcome is Outcome.TEMPFAIL) and not result.infrastructure:
+        # Infrastructure (a degraded worker stopped with its gateway) is never the policy's.
         rule = breaker.policy(card.assignee).configured(outcome, result.exit_code)
         if rule is not None:
             return _by_rule(card, data, result, breaker, now, rule)
