@@ -28,6 +28,10 @@ from tests.support.wait import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 REPORT = f"{sys.executable} -m dispatcher.cli.main kanban complete --result from-worker && exit 3"
+DEFER = (
+    f"{sys.executable} -m dispatcher.cli.main kanban defer --for 1h --reason 'rate limited'"
+    " && exit 3"
+)
 # Fails twice (exit 1), then exits 2 for a title ending in "usage", else succeeds.
 FLAKY = (
     'n=$(cat \\"$DISPATCH_CARD_TITLE\\" 2>/dev/null || echo 0); n=$((n+1)); '
@@ -53,6 +57,8 @@ kanban:
       retry: {{backoff: {{initial: 0s, max: 0s}}}}   # re-run at once: the test counts two tries
     reporter:
       command: ["sh", "-c", "{REPORT}"]
+    deferrer:
+      command: ["sh", "-c", "{DEFER}"]
     flaky:
       command: ["sh", "-c", "{FLAKY}"]
       retry:
@@ -506,3 +512,21 @@ def test_retry_policy_backs_off_then_completes_and_a_fail_rule_gives_up(
     assert doc["retry"] is None
     # jitter none: 300 ms, then 600 ms after the exit (stored times are float32-close)
     assert 0.299 <= backoffs[0] < 0.45 and 0.599 <= backoffs[1] < 0.9, backoffs
+
+
+def test_a_worker_defers_its_card_uncounted_until_its_time(cli: Cli) -> None:
+    _, out, _ = cli("kanban", "add", "later", "--assignee", "deferrer")
+    card_id = out.strip()
+    assert cli("kanban", "tick")[0] == 0
+    doc = wait_status(cli, card_id, "ready")
+    assert [r["outcome"] for r in doc["runs"]] == ["deferred"]  # type: ignore[union-attr]
+    assert doc["consecutive_failures"] == 0 and doc["retry_at"] is not None
+    retry = doc["retry"]
+    assert isinstance(retry, dict) and retry["reason"] == "deferred by the worker: rate limited"
+    assert retry["counted"] is False and retry["next_try_at"] == doc["retry_at"]
+    _, text, _ = cli("kanban", "show", card_id)
+    assert "next try deferred until " in text and "by the worker: rate limited" in text
+    report = cli.json("kanban", "tick")
+    assert isinstance(report, dict) and report["dispatched"] == []
+    code, _, err = cli("kanban", "defer", card_id, "--run", "r_0000000000", "--for", "soon")
+    assert code == 2 and err.count("\n") == 1 and "--for" in err

@@ -37,8 +37,11 @@ from dispatcher.kanban.views import (
     tick_json,
     tick_text,
 )
+from dispatcher.timefmt import iso
 from scope.abc import CallerKind
-from scope.foundation.errors import UsageError
+from scope.foundation.errors import Invalid, UsageError
+from scope.foundation.text import quote
+from scope.foundation.values import ISO_HINT, parse_duration, parse_iso_time
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 PRIORITY = int_arg(-(10**9), 10**9)
@@ -145,6 +148,13 @@ def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
 
     review = sub("review", "Worker: hand the card to review.", handle_review)
     _worker_options(review)
+
+    defer = sub("defer", "Worker: try the card again later (not counted).", handle_defer)
+    _worker_options(defer)
+    when = defer.add_argument_group("when").add_mutually_exclusive_group(required=True)
+    when.add_argument("--for", dest="for_", metavar="DURATION", help="from now (5m, 1h30m)")
+    when.add_argument("--until", metavar="TIME", help="an ISO-8601 time (local without offset)")
+    defer.add_argument("--reason", default="", metavar="TEXT", help="why, for the operator")
 
 
 def _list_options(ls: Parser) -> None:
@@ -451,6 +461,32 @@ def handle_block(args: argparse.Namespace, ctx: Context) -> int:
     )
     _print_card(ctx, card.id, card_json(card), f"{card.id} blocked ({args.kind})")
     return 0
+
+
+def handle_defer(args: argparse.Namespace, ctx: Context) -> int:
+    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME."""
+    workspace = _workspace(ctx)
+    now = workspace.now()
+    if args.for_ is not None:
+        try:
+            until = now + parse_duration(args.for_)
+        except Invalid as err:
+            raise UsageError(f"--for: {err.problem}") from None
+    else:
+        until = _until_arg(args.until)
+    card = workspace.board.defer(
+        _card_id(args, ctx), _run_id(args, ctx), until=until, reason=args.reason, now=now
+    )
+    _print_card(ctx, card.id, card_json(card), f"{card.id} deferred until {iso(until)}")
+    return 0
+
+
+def _until_arg(text: str) -> float:
+    try:
+        moment = parse_iso_time(text, None)
+        return (moment if moment.tzinfo else moment.astimezone()).timestamp()
+    except (Invalid, OverflowError, ValueError, OSError):
+        raise UsageError(f"--until {quote(text)}: give an ISO-8601 time ({ISO_HINT})") from None
 
 
 def handle_review(args: argparse.Namespace, ctx: Context) -> int:

@@ -348,6 +348,29 @@ class Board:
             reason=strip_blanks(reason),
         )
 
+    def defer(
+        self, card_text: str, run_text: str | None, *, until: float, reason: str, now: float
+    ) -> Card:
+        """The worker chooses its card's next try: when the run ends it is ``deferred`` (not
+        counted) and the card is ready again at ``until``."""
+        if reason:
+            check_text("--reason", reason, MAX_NOTE, lines=True)
+        if until <= now:
+            raise BadCard("--until", str(until), "the time must be in the future")
+        card, run_id = self._fenced(card_text, run_text)
+        if card.status is not CardStatus.RUNNING:
+            raise WrongStatus(
+                card.id,
+                card.status.value,
+                "defer",
+                remedy="the worker already reported on this card; nothing was changed",
+            )
+        data = {"by": "worker", "until": until, "reason": strip_blanks(reason) or None}
+        self.store.append_event(
+            card.id, EventKind.DEFERRED, data, now=now, run_id=run_id, fields={"retry_at": until}
+        )
+        return self.store.get_card(card.id)
+
     def review(self, card_text: str, run_text: str | None, *, now: float) -> Card:
         """The worker hands its card to review."""
         card, run_id = self._fenced(card_text, run_text)

@@ -77,6 +77,8 @@ class EventKind(enum.StrEnum):
     recorded here and changes nothing."""
     ASSIGNEE_UNKNOWN = "assignee_unknown"
     """The card's assignee is not in the config: it is never spawned (recorded once)."""
+    DEFERRED = "deferred"
+    """The worker chose when its card runs again (``kanban defer``)."""
     INTERRUPTED = "interrupted"
     """The gateway stopped while this run's worker was degraded (unscoped), so the worker was
     expected to die with the gateway's unit; its death is infrastructure, not counted."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.faults import FaultPoint
-from dispatcher.kanban.model import Card, CardChange, EventKind, Run
+from dispatcher.kanban.model import Card, CardChange, CardStatus, EventKind, Run
 from dispatcher.kanban.report import Closed, Dispatched
 from dispatcher.kanban.settings import KanbanSettings
 from dispatcher.kanban.taxonomy import Breaker, after_run
@@ -38,6 +38,15 @@ log = logging.getLogger("dispatch.kanban")
 TIMEOUT_SLACK = 30.0
 """Seconds past an assignee's timeout before the dispatcher kills a worker itself. The keeper
 enforces timeouts; this only covers a keeper that could not (it is a backstop)."""
+
+
+def deferred(card: Card, run: Run, result: Result) -> Result:
+    """``result`` as ``deferred`` when the run's worker chose its next try (``kanban defer``
+    set ``retry_at`` on its running card, which a claim always clears)."""
+    mine = card.status is CardStatus.RUNNING and card.current_run_id == run.run_id
+    if mine and card.retry_at is not None and not result.infrastructure:
+        return replace(result, outcome=Outcome.DEFERRED, error=None)
+    return result
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +141,8 @@ class RunLauncher:
 
         def decide(card: Card, current: Run) -> CardChange:
             return after_run(card, current, result, self.breaker, now)
+
+        result = deferred(self.store.get_card(run.card_id), run, result)
 
         done = self.store.close_run(run.run_id, result, decide, now=now)
         if done is None:

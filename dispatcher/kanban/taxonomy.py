@@ -162,6 +162,11 @@ def after_run(card: Card, run: Run, result: Result, breaker: Breaker, now: float
             fields={"status": CardStatus.READY, "last_failure_error": result.error},
             events=((EventKind.INTERRUPTED, data),),
         )
+    if outcome is Outcome.DEFERRED:
+        # The worker's `defer` stored the time on the card; its reason is in that event.
+        return CardChange(
+            fields={"status": CardStatus.READY, "retry_at": card.retry_at or now},
+        )
     if outcome in (Outcome.RECLAIMED, Outcome.REPLACED):
         return CardChange(
             fields={"status": CardStatus.READY}, events=((EventKind.RECLAIMED, data),)

@@ -93,14 +93,22 @@ def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
     """Where the card stands in its retry policy, from the last failure's event: ``attempt``
     (the try that runs next), ``attempts`` (tries in all), ``next_try_at`` and ``reason``;
     None for a card that has not failed since its last success or unblock."""
-    last = next(
-        (e for e in reversed(events) if e.kind in ("failed", "tempfail", "completed", "unblocked")),
-        None,
-    )
+    kinds = ("failed", "tempfail", "deferred", "completed", "unblocked")
+    last = next((e for e in reversed(events) if e.kind in kinds), None)
     if last is None or last.kind in ("completed", "unblocked"):
         return None
     data = last.data
     pending = card.status is CardStatus.READY and card.retry_at is not None
+    if last.kind == "deferred":
+        why = f": {data['reason']}" if data.get("reason") else ""
+        return {
+            "attempt": card.consecutive_failures + 1,
+            "attempts": card.failure_limit,
+            "counted": False,
+            "next_try_at": iso(card.retry_at),
+            "deferred_until": iso(data.get("until")),
+            "reason": f"deferred by the worker{why}",
+        }
     return {
         "attempt": card.consecutive_failures + (1 if pending else 0),
         "attempts": data.get("attempts") or card.failure_limit,
@@ -225,7 +233,10 @@ def _retry_lines(card: Card, events: Sequence[Event], view: TimeView) -> list[st
         return []
     of = f" of {state['attempts']}" if state["attempts"] else ""
     lines = [f"attempt   {state['attempt']}{of}"]
-    if state["next_try_at"] and card.retry_at is not None:
+    if "deferred_until" in state and card.retry_at is not None:
+        reason = state["reason"].removeprefix("deferred by the worker")
+        lines.append(f"next try deferred until {view.at(card.retry_at)} by the worker{reason}")
+    elif state["next_try_at"] and card.retry_at is not None:
         when = relative(card.retry_at, view.now)
         why = f" ({state['reason']})" if state["reason"] else ""
         lines.append(f"next try {when}{why}")

@@ -57,6 +57,8 @@ class Outcome(enum.StrEnum):
     """The claim was taken back before any worker started (its claimant died)."""
     REPLACED = "replaced"
     """A newer fire or an operator replaced this one."""
+    DEFERRED = "deferred"
+    """The worker chose its own delay (``kanban defer``): not counted, tried again then."""
     SKIPPED_OVERLAP = "skipped_overlap"
     MISSED = "missed"
     COALESCED = "coalesced"
