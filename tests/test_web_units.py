@@ -308,3 +308,13 @@ def test_web_help_names_every_option(capsys: pytest.CaptureFixture[str]) -> None
     for option in ("--listen", "--allow-remote", "--allow-host", "--require-secret", "--url"):
         assert option in text
     assert "127.0.0.1:8470" in text and "/metrics" in text
+
+
+def test_a_tile_shows_a_card_backing_off_with_when() -> None:
+    waiting = views.tile(
+        _card("c_r1", CardStatus.READY, retry_at=NOW + 40), None, host=None, failure_limit=2
+    )
+    html = render.Renderer().macro("_tile.html", "tile", waiting, NOW)
+    assert "backing off · next try in 40s" in html
+    later = render.Renderer().macro("_tile.html", "tile", waiting, NOW + 41)
+    assert "backing off" not in later

@@ -43,6 +43,8 @@ class Tile:
     host: str | None
     waits_for: tuple[str, ...] = ()
     """A ``todo`` card's parents (what it waits for; the tile links them)."""
+    retry_at: float | None = None
+    """A ``ready`` card backing off or deferred: when its next try may start."""
     rank: str
     """Sorts the column's tiles as the board orders them (text order)."""
 
@@ -97,6 +99,7 @@ def tile(card: Card, run: Run | None, *, host: str | None, failure_limit: int) -
         placement=run.placement if run else None,
         host=host if run else None,
         waits_for=card.parents if card.status is CardStatus.TODO else (),
+        retry_at=card.retry_at if card.status is CardStatus.READY else None,
         rank=rank(card),
     )
 
