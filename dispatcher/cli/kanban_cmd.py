@@ -37,8 +37,9 @@ from dispatcher.kanban.views import (
     tick_json,
     tick_text,
 )
+from dispatcher.settings import Settings
 from scope.abc import CallerKind
-from scope.foundation.errors import UsageError
+from scope.foundation.errors import DispatchError, UsageError
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 PRIORITY = int_arg(-(10**9), 10**9)
@@ -194,6 +195,32 @@ def _workspace(ctx: Context) -> Workspace:
     )
     ctx.on_close(workspace)
     return workspace
+
+
+def _report_workspace(ctx: Context) -> Workspace:
+    """The board a worker reports to: inside a worker, only what its run was started with
+    (:mod:`dispatcher.app.reports`), so a broken, missing or changed config never stops the
+    report and none of its errors are printed; elsewhere (an operator's shell) the config's."""
+    from dispatcher.app.reports import captured_settings
+
+    settings = captured_settings(_quiet_settings(ctx), ctx.environ)
+    if settings is None:
+        return _workspace(ctx)
+    workspace = Workspace(settings, ctx.state_dir, environ=ctx.environ, caller=CallerKind.ONESHOT)
+    ctx.on_close(workspace)
+    return workspace
+
+
+def _quiet_settings(ctx: Context) -> Settings:
+    """The config's settings when it is usable (``kanban.transient_block`` still applies),
+    else the built-in defaults, without a word: the worker's report does not depend on it."""
+    from dispatcher.config import load_config, resolve_config_path
+
+    try:
+        path = resolve_config_path(getattr(ctx.args, "config", None), ctx.environ)
+        return load_config(path).settings
+    except DispatchError:
+        return Settings()
 
 
 def _refresh(ctx: Context, workspace: Workspace) -> None:
@@ -431,7 +458,7 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
 
 def handle_complete(args: argparse.Namespace, ctx: Context) -> int:
     """The worker's card is done."""
-    workspace = _workspace(ctx)
+    workspace = _report_workspace(ctx)
     card = workspace.board.complete(
         _card_id(args, ctx), _run_id(args, ctx), now=workspace.now(), result=args.result
     )
@@ -441,7 +468,7 @@ def handle_complete(args: argparse.Namespace, ctx: Context) -> int:
 
 def handle_block(args: argparse.Namespace, ctx: Context) -> int:
     """The worker blocks its card."""
-    workspace = _workspace(ctx)
+    workspace = _report_workspace(ctx)
     card = workspace.board.block(
         _card_id(args, ctx),
         _run_id(args, ctx),
@@ -455,7 +482,7 @@ def handle_block(args: argparse.Namespace, ctx: Context) -> int:
 
 def handle_review(args: argparse.Namespace, ctx: Context) -> int:
     """The worker hands its card to review."""
-    workspace = _workspace(ctx)
+    workspace = _report_workspace(ctx)
     card = workspace.board.review(_card_id(args, ctx), _run_id(args, ctx), now=workspace.now())
     _print_card(ctx, card.id, card_json(card), f"{card.id} in review")
     return 0
