@@ -152,7 +152,12 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
         ctx.emit_json([{k: v for k, v in e.items() if k not in _EPOCH_KEYS} for e in entries])
         return 0
     if not entries:
-        ctx.out("no cron jobs configured")
+        if ctx.config_problem is not None:
+            ctx.out(
+                "no cron jobs known to the state dir (config not loaded: jobs it names are unknown)"
+            )
+        else:
+            ctx.out("no cron jobs configured")
         return 0
     rows = [("ID", "SCHEDULE", "TIMEZONE", "STATE", "NEXT", "LEFT", "LAST", "POLICIES")]
     for entry in entries:
@@ -160,14 +165,15 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
         if entry["paused"]:
             state_text = "paused"
         nxt = entry.get("next_fire_at")
+        unknown = "-" if entry["schedule"] else "?"  # no schedule: the config is not loaded
         rows.append(
             (
                 entry["id"],
                 entry["schedule"] or "?",
                 entry["timezone"] or "?",
                 state_text,
-                times.at(nxt, entry["timezone"]) if nxt else "-",
-                times.ago(nxt) if nxt else "-",
+                times.at(nxt, entry["timezone"]) if nxt else unknown,
+                times.ago(nxt) if nxt else unknown,
                 _last_text(entry, times),
                 policy_text(entry) if entry["schedule"] else "(config not loaded)",
             )
