@@ -434,3 +434,23 @@ def test_retry_runs_a_finished_card_again_with_the_reason_in_its_events(tmp_path
     assert cli("kanban", "tick").returncode == 0
     wait_for(lambda: shown()["status"] == "done", 30, what="second run done")
     assert [r["attempt"] for r in shown()["runs"]] == [1, 2]
+
+
+def test_kill_takes_a_card_id_or_a_run_id(cli: Cli) -> None:
+    """Issue 19 §4: ``dispatch kill`` names a worker the way ``logs`` does."""
+    cards = []
+    for title in ("by-card", "by-run"):
+        _, out, _ = cli("kanban", "add", title, "--assignee", "sleeper")
+        cards.append(out.strip())
+    assert cli("kanban", "tick")[0] == 0
+    runs = []
+    for card_id in cards:
+        doc = cli.json("kanban", "show", card_id)
+        assert isinstance(doc, dict) and doc["status"] == "running"
+        runs.append(doc["runs"][0])  # type: ignore[index]
+    for given, run in ((cards[0], runs[0]), (runs[1]["run_id"], runs[1])):
+        code, out, err = cli("kill", given, "--grace", "1")
+        assert code == 0, err
+        assert out.startswith(f"{run['session_id']} killed"), out
+    code, _, err = cli("kill", "c_0000000000")
+    assert code == 2 and "c_0000000000" in err
