@@ -25,7 +25,7 @@ from dispatcher.cli.parser import (
     int_arg,
     path_arg,
 )
-from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
+from dispatcher.kanban.model import MOVE_TARGETS, Card, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     SORT_KEYS,
     board_text,
@@ -36,6 +36,7 @@ from dispatcher.kanban.views import (
     sorted_cards,
     tick_json,
     tick_text,
+    unconfigured,
 )
 from dispatcher.settings import Settings
 from scope.abc import CallerKind
@@ -311,12 +312,27 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
         include_archived=args.all,
     )
     cards = sorted_cards(cards, args.sort, args.limit)
+    assignees = _assignees(ctx)
     if ctx.json:
-        ctx.emit_json([card_json(c) for c in cards])
+        ctx.emit_json([_listed_json(c, assignees) for c in cards])
     else:
-        for line in card_table(cards, times=ctx.times()):
+        for line in card_table(cards, times=ctx.times(), assignees=assignees):
             ctx.out(line)
     return 0
+
+
+def _assignees(ctx: Context) -> frozenset[str] | None:
+    """The configured assignee names; None while the config is not loaded (unknowable)."""
+    if ctx.config_problem is not None:
+        return None
+    return frozenset(ctx.settings.kanban.assignees)
+
+
+def _listed_json(card: Card, assignees: frozenset[str] | None) -> dict[str, object]:
+    """A card in a listing, with ``assignee_configured`` (true, false, or null when the
+    config is not loaded; done and archived cards need no assignee: true)."""
+    known = None if assignees is None else not unconfigured(card, assignees)
+    return {**card_json(card), "assignee_configured": known}
 
 
 def handle_show(args: argparse.Namespace, ctx: Context) -> int:
@@ -401,14 +417,17 @@ def _board_once(ctx: Context) -> int:
     _refresh(ctx, workspace)
     cards = workspace.store.list_cards()
     paused = workspace.store.paused()
+    assignees = _assignees(ctx)
     if ctx.json:
         doc: dict[str, object] = {"paused": paused}
         for status in CardStatus:
             if status is not CardStatus.ARCHIVED:
-                doc[status.value] = [card_json(c) for c in cards if c.status is status]
+                doc[status.value] = [
+                    _listed_json(c, assignees) for c in cards if c.status is status
+                ]
         ctx.emit_json(doc)
     else:
-        for line in board_text(cards, paused=paused):
+        for line in board_text(cards, paused=paused, assignees=assignees):
             ctx.out(line)
     return 0
 

@@ -21,7 +21,9 @@ from dispatcher.cron.zones import host_zone_name
 from dispatcher.gateway.lock import read_holder
 from dispatcher.gateway.reload import read_reload
 from dispatcher.gateway.statusfile import read_status
+from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.store import SqlDatabase
+from dispatcher.kanban.views import unconfigured
 from scope.abc import CallerKind
 from scope.errors import ScopeUnavailable
 from scope.foundation.errors import DispatchError
@@ -72,7 +74,8 @@ def status_document(
             if config_loaded
             else None,
             "cron_jobs_known": None if config_loaded else _known_jobs(state.ledger),
-            "recent_errors": _recent_errors(store.db, served.recent_errors if served else []),
+            "recent_errors": (_unconfigured(store, runtime) if config_loaded else [])
+            + _recent_errors(store.db, served.recent_errors if served else []),
         }
 
 
@@ -113,6 +116,22 @@ def _next_fires(
             found.append({"job_id": job.id, "at": at, "zone": plan.zone})
     found.sort(key=lambda item: (item["at"], item["job_id"]))
     return found[:count]
+
+
+def _unconfigured(store: BoardStore, runtime: Runtime) -> list[dict[str, Any]]:
+    """A standing problem per card whose assignee the config does not name (it is never
+    spawned); shown first, since it lasts until someone fixes the config or the card."""
+    assignees = runtime.settings.kanban.assignees
+    return [
+        {
+            "at": card.updated_at,
+            "level": "error",
+            "source": "kanban",
+            "message": f"card {card.id}: assignee {card.assignee!r} is not configured",
+        }
+        for card in store.list_cards()
+        if unconfigured(card, assignees)
+    ]
 
 
 def _known_jobs(ledger: Ledger) -> list[str]:
