@@ -4,7 +4,8 @@ Real workers, started by a real ``dispatch kanban tick``, wait while the config 
 three ways in turn (a YAML syntax error, an unknown key, its assignee removed); each then runs
 its ``dispatch kanban review|block|complete`` through ``DISPATCH_CONFIG`` as a worker does,
 and the report lands, with exit 0 and not a word on stderr. Single host (SQLite) and cluster
-mode (PostgreSQL, the database named only in the config, which is broken when they report).
+mode (PostgreSQL, the database named only in the config, which is broken when they report);
+there the human `kanban show` and `cron history` also name the host of each run and fire (§4).
 """
 
 from __future__ import annotations
@@ -102,8 +103,22 @@ def test_cluster_reports_land_while_the_config_is_broken(
         env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}
         cluster = (
             f"cluster:\n  database: {json.dumps(pg_url)}\n  host_id: alpha\n  lease_ttl: 120s\n"
+            "cron:\n  jobs:\n    - id: hb\n      every: 1h\n      command: ['true']\n"
         )
         assert _drive(tmp_path, env, cluster) == STATUS
+        # Issue 19 §4: the human views name the host of each run and fire.
+        config, state = tmp_path / "config.yaml", tmp_path / "state"
+        listed = run_dispatch(config, state, env, "kanban", "list", "--json")
+        card = json.loads(listed.stdout)[0]["id"]
+        shown = run_dispatch(config, state, env, "kanban", "show", card).stdout
+        (run_line,) = [line for line in shown.splitlines() if line.startswith("  r_")]
+        assert run_line.endswith("  host alpha"), shown
+        run_dispatch(config, state, env, "cron", "run", "hb", "--wait")
+        history = run_dispatch(config, state, env, "cron", "history").stdout.splitlines()
+        assert history[0].split()[:4] == ["FIRE", "KEY", "HOST", "OUTCOME"], history
+        assert history[1].split()[1] == "alpha", history
+        doc = json.loads(run_dispatch(config, state, env, "cron", "history", "--json").stdout)
+        assert doc[0]["host"] == "alpha"
 
 
 def test_spawn_capture_names_the_database_and_never_its_password(tmp_path: Path) -> None:

@@ -280,30 +280,40 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
         jobs.check_known(args.job_id)
     _settle_open(ctx, jobs)
     rows = jobs.ledger.history(args.job_id, args.limit)
+    # Cluster mode: the host that decided or ran each fire (a single host's ledger has none).
+    fire_hosts = getattr(jobs.ledger, "fire_hosts", None)
+    hosts = fire_hosts([row.id for row in rows]) if fire_hosts is not None else None
     if ctx.json:
-        ctx.emit_json([row_entry(row) for row in rows])
+        entries = [row_entry(row) for row in rows]
+        if hosts is not None:
+            for row, entry in zip(rows, entries, strict=True):
+                entry["host"] = hosts.get(row.id)
+        ctx.emit_json(entries)
         return 0
     if not rows:
         ctx.out("no cron history")
         return 0
     times = ctx.times()
     table = [("FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR")]
+    if hosts is not None:
+        table[0] = ("FIRE KEY", "HOST", *table[0][1:])
     for row in rows:
         entry = row_entry(row)
         exit_text = "-" if row.exit_code is None else str(row.exit_code)
         if row.signal:
             exit_text = row.signal
-        table.append(
-            (
-                row.fire_key,
-                entry["outcome"] + (" (catch-up)" if row.catch_up else ""),
-                times.both(row.nominal, row.zone),
-                row.placement or "-",
-                row.session_id or "-",
-                exit_text,
-                row.error or "",
-            )
-        )
+        cells = [
+            row.fire_key,
+            entry["outcome"] + (" (catch-up)" if row.catch_up else ""),
+            times.both(row.nominal, row.zone),
+            row.placement or "-",
+            row.session_id or "-",
+            exit_text,
+            row.error or "",
+        ]
+        if hosts is not None:
+            cells.insert(1, hosts.get(row.id) or "-")
+        table.append(tuple(cells))
     _table(ctx, table)
     return 0
 

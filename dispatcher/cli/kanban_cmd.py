@@ -343,14 +343,15 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     card = workspace.store.get_card(card_id)
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
+    hosts = workspace.run_hosts(card_id)
     if ctx.json:
         doc = show_json(card, runs, events)
-        hosts = workspace.run_hosts(card_id)
         for run in doc["runs"]:
             run["host"] = hosts.get(run["run_id"])
         ctx.emit_json(doc)
     else:
-        for line in show_text(card, runs, events, times=ctx.times()):
+        shown = hosts if workspace.cluster.clustered else None
+        for line in show_text(card, runs, events, times=ctx.times(), hosts=shown):
             ctx.out(line)
     return 0
 

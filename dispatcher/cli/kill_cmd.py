@@ -1,9 +1,9 @@
 """`dispatch kill`: stop a session and everything it started.
 
 The session is named as for ``logs``: a session id, or a kanban card id (its latest run's
-worker) or run id. Scoped sessions: the scope is stopped. Otherwise the worker's process group gets SIGTERM, then
-SIGKILL after the grace (``--grace``, default ``registry.kill_grace``), and nothing may survive.
-Killing a session that already finished succeeds and changes nothing.
+worker) or run id. Scoped sessions: the scope is stopped. Otherwise the worker's process group
+gets SIGTERM, then SIGKILL after the grace (``--grace``, default ``registry.kill_grace``), and
+nothing may survive. Killing a session that already finished succeeds and changes nothing.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from dispatcher.cli.ps_cmd import describe_end, session_json
 from dispatcher.cli.wait_cmd import duration_arg
 
 DESCRIPTION = (
-    "Stop a session (or a kanban card's or run's worker) and everything it started: a scoped session's scope is stopped; otherwise "
-    "the worker's process group gets SIGTERM, then SIGKILL after the grace (--grace, default "
-    "registry.kill_grace), and nothing may survive (exit 1 if something does). Killing a "
-    "session that already finished succeeds and changes nothing."
+    "Stop a session (or a kanban card's or run's worker) and everything it started: a scoped "
+    "session's scope is stopped; otherwise the worker's process group gets SIGTERM, then "
+    "SIGKILL after the grace (--grace, default registry.kill_grace), and nothing may survive "
+    "(exit 1 if something does). Killing a session that already finished succeeds and changes "
+    "nothing."
 )
 
 

@@ -6,7 +6,7 @@ and whole seconds, signals are names or null.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
@@ -163,9 +163,15 @@ def sorted_cards(cards: Sequence[Card], key: str, limit: int | None = None) -> l
 
 
 def show_text(
-    card: Card, runs: Sequence[Run], events: Sequence[Event], *, times: TimeView | None = None
+    card: Card,
+    runs: Sequence[Run],
+    events: Sequence[Event],
+    *,
+    times: TimeView | None = None,
+    hosts: Mapping[str, str | None] | None = None,
 ) -> list[str]:
-    """``show`` as text: fields, runs, events (times as ``times`` shows them)."""
+    """``show`` as text: fields, runs, events (times as ``times`` shows them). ``hosts``
+    (cluster mode): each run's host, shown after its placement (``host alpha``)."""
     view = times or TimeView.local()
     short = view.at
     lines = [
@@ -205,6 +211,7 @@ def show_text(
         lines.append(
             f"  {run.run_id}  #{run.attempt}  {short(run.claimed_at)}  {detail:<24}  "
             f"{run.session_id or '-'}  {run.placement or '-'}"
+            + (f"  host {hosts.get(run.run_id) or '-'}" if hosts is not None else "")
         )
     lines.append("events")
     for event in events:
