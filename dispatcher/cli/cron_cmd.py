@@ -294,9 +294,10 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
         ctx.out("no cron history")
         return 0
     times = ctx.times()
-    table = [("FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR")]
+    header = ["FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR"]
     if hosts is not None:
-        table[0] = ("FIRE KEY", "HOST", *table[0][1:])
+        header.insert(1, "HOST")
+    table: list[tuple[str, ...]] = [tuple(header)]
     for row in rows:
         entry = row_entry(row)
         exit_text = "-" if row.exit_code is None else str(row.exit_code)
