@@ -308,3 +308,16 @@ def test_web_help_names_every_option(capsys: pytest.CaptureFixture[str]) -> None
     for option in ("--listen", "--allow-remote", "--allow-host", "--require-secret", "--url"):
         assert option in text
     assert "127.0.0.1:8470" in text and "/metrics" in text
+
+
+def test_a_tile_says_when_its_assignee_is_not_configured() -> None:
+    """Issue 19 §4: the web tile shows what `kanban list` marks, not only an event."""
+    cards = [
+        _card("c_gone", CardStatus.READY, assignee="gone"),
+        _card("c_here", CardStatus.READY),
+        _card("c_done", CardStatus.DONE, assignee="gone", completed_at=NOW),
+    ]
+    marked = views.tiles(cards, [], local_host="h", failure_limit=3, assignees={"a"})
+    assert [t.unconfigured for t in marked] == [True, False, False]
+    unknown = views.tiles(cards, [], local_host="h", failure_limit=3)
+    assert not any(t.unconfigured for t in unknown)

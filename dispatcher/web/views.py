@@ -8,11 +8,11 @@ done cards come newest first, one page at a time, and a very long column shows i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
-from dispatcher.kanban.views import BOARD_ORDER
+from dispatcher.kanban.views import BOARD_ORDER, unconfigured
 
 DONE_PAGE = 50
 """Done cards per page of the board."""
@@ -43,6 +43,8 @@ class Tile:
     host: str | None
     waits_for: tuple[str, ...] = ()
     """A ``todo`` card's parents (what it waits for; the tile links them)."""
+    unconfigured: bool = False
+    """The card needs an assignee the loaded config does not name (it will not be claimed)."""
     rank: str
     """Sorts the column's tiles as the board orders them (text order)."""
 
@@ -79,8 +81,16 @@ def run_host(run: Run, hosts: Mapping[str, str | None], local: str) -> str:
     return hosts.get(run.run_id) or local
 
 
-def tile(card: Card, run: Run | None, *, host: str | None, failure_limit: int) -> Tile:
-    """A card as the board shows it (``run``: its open run, if any, claimed on ``host``)."""
+def tile(
+    card: Card,
+    run: Run | None,
+    *,
+    host: str | None,
+    failure_limit: int,
+    assignees: Collection[str] | None = None,
+) -> Tile:
+    """A card as the board shows it (``run``: its open run, if any, claimed on ``host``;
+    ``assignees``: the configured ones, None when unknown)."""
     return Tile(
         id=card.id,
         title=card.title,
@@ -97,6 +107,7 @@ def tile(card: Card, run: Run | None, *, host: str | None, failure_limit: int) -
         placement=run.placement if run else None,
         host=host if run else None,
         waits_for=card.parents if card.status is CardStatus.TODO else (),
+        unconfigured=unconfigured(card, assignees),
         rank=rank(card),
     )
 
@@ -108,14 +119,16 @@ def tiles(
     local_host: str,
     failure_limit: int,
     hosts: Mapping[str, str | None] | None = None,
+    assignees: Collection[str] | None = None,
 ) -> list[Tile]:
-    """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host)."""
+    """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host);
+    a card whose assignee is not among ``assignees`` is marked."""
     open_runs = {run.run_id: run for run in runs if run.open}
     found = []
     for card in cards:
         run = open_runs.get(card.current_run_id or "")
         host = run_host(run, hosts or {}, local_host) if run else None
-        found.append(tile(card, run, host=host, failure_limit=failure_limit))
+        found.append(tile(card, run, host=host, failure_limit=failure_limit, assignees=assignees))
     return found
 
 
