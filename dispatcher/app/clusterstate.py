@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 from dispatcher.app.database import open_state
 from dispatcher.kanban.store import SqlBoardStore, SqliteBoardStore
+from dispatcher.launch.outbox import Outbox
+from dispatcher.notify.store import NotifyStore
 from dispatcher.settings import Settings
 from registry.store.database import StateDB
 
@@ -101,6 +103,14 @@ class ClusterState:
         row = self.hosts.row(self.stamp.host_id)
         return row is not None and row.live and row.epoch == self.stamp.epoch
 
+    def notify_store(self) -> NotifyStore:
+        """The notification outbox beside the board (cluster mode: claims skip locked rows,
+        and take no board lock)."""
+        if self.db is not None:
+            db = self.db
+            return NotifyStore(db.read, lambda: db.write(None), skip_locked=True)
+        return NotifyStore(self.local.read, self.local.write)
+
     def run_hosts(self, card_id: str) -> dict[str, str | None]:
         """The host of each run of a card (empty for a single host)."""
         return self.pg_board().run_hosts(card_id) if self.db is not None else {}
@@ -147,19 +157,23 @@ def open_cluster_state(
     db_local = open_state(Path(state_dir)) if local is None else local
     url = cluster_url(settings, environ)
     if url is None:
-        return ClusterState(
+        state = ClusterState(
             board=SqliteBoardStore(db_local),
             local=db_local,
             owns_local=owns_local,
         )
-    try:
-        return _open_cluster(
-            settings, url, db_local, owns_local, pooled, connect_timeout, epoch, environ
-        )
-    except BaseException:
-        if owns_local:
-            db_local.close()
-        raise
+    else:
+        try:
+            state = _open_cluster(
+                settings, url, db_local, owns_local, pooled, connect_timeout, epoch, environ
+            )
+        except BaseException:
+            if owns_local:
+                db_local.close()
+            raise
+    # Every process that changes the board routes its events to the outbox the same way.
+    state.board.outbox = Outbox(settings.notify.routes()) if settings.notify.rules else None
+    return state
 
 
 def _open_cluster(

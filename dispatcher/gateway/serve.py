@@ -51,6 +51,7 @@ from dispatcher.gateway.reload import ReloadRecord, write_reload
 from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.tick import KanbanDispatcher
+from dispatcher.notify.sender import Sender, start_sender
 from dispatcher.settings import Settings
 from registry.abc import OwnerKind, Session, SessionState
 from registry.errors import StateError
@@ -95,6 +96,7 @@ class Gateway:
         self._runtime: Runtime | None = None
         self._cron: CronScheduler | None = None
         self._cron_waker: CronWaker | None = None
+        self._sender: Sender | None = None
         self._kanban: KanbanDispatcher | None = None
         self._store: SqlBoardStore | None = None
         self._cluster: ClusterState | None = None
@@ -258,6 +260,7 @@ class Gateway:
             ledger=self._cluster.ledger,
         )
         self._cron_waker = CronWaker(self._cron)
+        self._sender = start_sender(self.settings.notify, self._cluster.notify_store())
         self._adopt_at_start(runtime)
         self._member.start(self._cron)
         runtime.registry.prune()
@@ -496,6 +499,8 @@ class Gateway:
             except Exception:
                 log.exception("stopping cron failed")
         self._member.stop()
+        if self._sender is not None:
+            self._sender.close()
         runtime = self._runtime
         if runtime is None:
             return

@@ -18,6 +18,7 @@ from dispatcher.kanban import rules
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.model import Card, EventKind, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, card_of, db_value, run_of
+from dispatcher.launch.outbox import Outbox, Subject
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
@@ -35,6 +36,16 @@ WAITING_SQL = (
     " WHERE p.card_id = c.id AND NOT (pc.status = 'done'"
     " OR (pc.status = 'archived' AND pc.completed_at IS NOT NULL)))"
 )
+
+NOTIFIED: Mapping[EventKind, str] = {
+    EventKind.CREATED: "card.added",
+    EventKind.COMPLETED: "card.done",
+    EventKind.REVIEW: "card.review",
+    EventKind.BLOCKED: "card.blocked",
+    EventKind.GAVE_UP: "card.gave_up",
+    EventKind.FAILED: "card.failed",
+}
+"""The card events a notification rule can listen to, by their notify name."""
 
 
 class SqlConnection(Protocol):
@@ -66,6 +77,8 @@ class SqlBoard(BoardStore):
 
     def __init__(self, db: SqlDatabase) -> None:
         self.db = db
+        self.outbox: Outbox | None = None
+        """Where routed events queue their notification (None: nobody listens)."""
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -73,8 +86,8 @@ class SqlBoard(BoardStore):
     def _bump(conn: SqlConnection) -> None:
         conn.execute("UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version'")
 
-    @staticmethod
     def _event(
+        self,
         conn: SqlConnection,
         card_id: str,
         kind: EventKind,
@@ -86,6 +99,15 @@ class SqlBoard(BoardStore):
             "INSERT INTO kanban_events (card_id, run_id, kind, at, data) VALUES (?, ?, ?, ?, ?)",
             (card_id, run_id, kind.value, now, json.dumps(dict(data), default=str)),
         )
+        event = NOTIFIED.get(kind)
+        if self.outbox is not None and event is not None and self.outbox.wants(event):
+            # Same connection, same transaction: the message commits with its event or not at all.
+            row = conn.execute(
+                "SELECT title, assignee, status FROM kanban_cards WHERE id = ?", (card_id,)
+            ).fetchone()
+            card = {"id": card_id, "title": row[0], "assignee": row[1], "status": row[2]}
+            fields = {"card": card, "run_id": run_id, "data": dict(data)}
+            self.outbox.record(conn, event, fields, Subject(assignee=row[1]), now)
 
     @staticmethod
     def _update(conn: SqlConnection, card_id: str, fields: Mapping[str, Any], now: float) -> None:
