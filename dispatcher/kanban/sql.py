@@ -46,6 +46,15 @@ NOTIFIED: Mapping[EventKind, str] = {
     EventKind.FAILED: "card.failed",
 }
 """The card events a notification rule can listen to, by their notify name."""
+_MOVED_TO = {"blocked": "card.blocked", "done": "card.done", "review": "card.review"}
+
+
+def notify_event(kind: EventKind, data: Mapping[str, Any]) -> str | None:
+    """The notification a card event is (an operator's move counts as reaching its
+    target), or None."""
+    if kind is EventKind.MOVED:
+        return _MOVED_TO.get(str(data.get("to")))
+    return NOTIFIED.get(kind)
 
 
 class SqlConnection(Protocol):
@@ -99,7 +108,7 @@ class SqlBoard(BoardStore):
             "INSERT INTO kanban_events (card_id, run_id, kind, at, data) VALUES (?, ?, ?, ?, ?)",
             (card_id, run_id, kind.value, now, json.dumps(dict(data), default=str)),
         )
-        event = NOTIFIED.get(kind)
+        event = notify_event(kind, data)
         if self.outbox is not None and event is not None and self.outbox.wants(event):
             # Same connection, same transaction: the message commits with its event or not at all.
             row = conn.execute(
