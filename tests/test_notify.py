@@ -10,6 +10,7 @@ import http.server
 import json
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -296,3 +297,39 @@ def test_a_secret_file_readable_by_others_is_refused(tmp_path: Path) -> None:
     )
     with open_state(tmp_path / "state") as db, pytest.raises(ConfigError, match="chmod 600"):
         Sender(_notify_store(db, clustered=False), settings)
+
+
+def test_serve_delivers_what_a_command_queued(tmp_path: Path) -> None:
+    from dispatcher.app.workspace import Workspace
+    from dispatcher.config import load_config
+    from dispatcher.gateway.serve import Gateway
+    from tests.support.env import no_bus_env
+    from tests.support.wait import wait_for
+
+    with receiving() as receiver:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            "kanban:\n  assignees:\n    quick: {command: [sh, -c, 'exit 0']}\n"
+            "notify:\n"
+            f"  channels: {{hook: {{webhook: {{url: 'http://127.0.0.1:{receiver.port}/'}}}}}}\n"
+            "  rules: [{on: [card.added], assignees: [quick], to: [hook]}]\n"
+        )
+        settings = load_config(config).settings
+        environ = no_bus_env(tmp_path)
+        gateway = Gateway(
+            settings=settings, state_dir=tmp_path / "state", environ=environ, config_path=config
+        )
+        gateway.start()
+        try:
+            # The card is added the way `dispatch kanban add` adds it, in another workspace.
+            workspace = Workspace(settings, tmp_path / "state", environ=environ)
+            try:
+                workspace.board.store.set_paused(True)  # no worker needed for this message
+                card, _ = workspace.board.add("hello", assignee="quick", now=time.time())
+            finally:
+                workspace.close()
+            wait_for(lambda: receiver.got, timeout=10, what="the card.added webhook")
+        finally:
+            gateway.shutdown()
+    message = json.loads(receiver.got[0][1])
+    assert (message["event"], message["card"]["id"]) == ("card.added", card.id)
