@@ -188,6 +188,41 @@ def test_outbox_rows_commit_with_their_event_or_not_at_all(
         assert [d.event for d in other.claim(now=NOW + 9, lease=60)] == ["card.added"] * 2
 
 
+def test_a_settled_fire_queues_its_outcome_for_the_jobs_a_rule_names(
+    books: tuple[SqlBoardStore, Any],
+) -> None:
+    from dispatcher.cron.changes import FireChange
+    from dispatcher.cron.ledger import Ledger
+    from dispatcher.cron.records import Kind, Status
+    from dispatcher.launch.outbox import Route
+    from dispatcher.launch.outcome import Outcome
+
+    store, db = books
+    clustered = not isinstance(store, SqliteBoardStore)
+    if clustered:
+        from dispatcher.cluster.ledger import PgLedger
+
+        ledger: Ledger = PgLedger(db)
+    else:
+        ledger = Ledger(db)
+    events = frozenset({"cron.failed", "cron.completed"})
+    ledger.outbox = Outbox([Route(events=events, channels=("hook",), jobs=frozenset({"nightly"}))])
+    ids = {}
+    with ledger.transaction() as tx:
+        for job in ("nightly", "hourly"):
+            wall = "2027-01-15T09:00:00"
+            ids[job] = tx.insert(
+                fire_key=f"{job}@{wall}", job_id=job, kind=Kind.SCHEDULE, nominal_wall=wall,
+                zone="UTC", nominal=NOW, decided_at=NOW, status=Status.CLAIMED,
+            )  # fmt: skip
+    for job in ("nightly", "hourly"):
+        done = FireChange(status=Status.DONE, outcome=Outcome.FAILED, exit_code=3, ended_at=NOW)
+        assert ledger.update(ids[job], [Status.CLAIMED], done)
+    (only,) = _notify_store(db, clustered=clustered).list()
+    body = json.loads(only.body)
+    assert (only.event, body["job"], body["fire"]["exit_code"]) == ("cron.failed", "nightly", 3)
+
+
 # -- delivery to a real receiver ------------------------------------------------------------
 
 

@@ -59,6 +59,8 @@ class ClusterState:
     owns_local: bool = False
     pg_ledger: Ledger | None = None
     """The cluster's ledger (cluster mode); a single host's is made on first use."""
+    outbox: Outbox | None = None
+    """Where the board's and the ledger's events queue notifications (None: no rules)."""
     _closed: bool = field(default=False, repr=False)
 
     @functools.cached_property
@@ -66,10 +68,13 @@ class ClusterState:
         """The cron ledger (a single host's in ``state.db``: imported and made on first use,
         since most commands never touch cron)."""
         if self.pg_ledger is not None:
+            self.pg_ledger.outbox = self.outbox
             return self.pg_ledger
         from dispatcher.cron.ledger import Ledger
 
-        return Ledger(self.local)
+        ledger = Ledger(self.local)
+        ledger.outbox = self.outbox
+        return ledger
 
     @property
     def clustered(self) -> bool:
@@ -172,7 +177,8 @@ def open_cluster_state(
                 db_local.close()
             raise
     # Every process that changes the board routes its events to the outbox the same way.
-    state.board.outbox = Outbox(settings.notify.routes()) if settings.notify.rules else None
+    state.outbox = Outbox(settings.notify.routes()) if settings.notify.rules else None
+    state.board.outbox = state.outbox
     return state
 
 

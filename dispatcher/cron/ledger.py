@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron.abc import LedgerStore, LedgerTx
 from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
+from dispatcher.launch.outbox import Outbox, Subject
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
@@ -39,6 +40,8 @@ class Tx(LedgerTx):
     def __init__(self, conn: Any, greatest: str = "max") -> None:
         self.conn = conn
         self.greatest = greatest
+        self.outbox: Outbox | None = None
+        """Where settled fires queue their notification (set by the ledger)."""
 
     def job_states(self, job_ids: Sequence[str] | None = None) -> dict[str, JobState]:
         """The state rows of ``job_ids`` (all when None)."""
@@ -130,7 +133,7 @@ class Tx(LedgerTx):
 
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set: update the row only if its status is one of ``expect``."""
-        return _update(self.conn, row_id, expect, change.columns())
+        return _update(self.conn, row_id, expect, change.columns(), self.outbox)
 
 
 class Ledger(LedgerStore):
@@ -144,12 +147,16 @@ class Ledger(LedgerStore):
 
     def __init__(self, db: Any) -> None:
         self.db = db
+        self.outbox: Outbox | None = None
+        """Where settled fires queue their notification (None: nobody listens)."""
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
         """One write transaction: every decision of a tick commits (or not) together."""
         with self.db.write() as conn:
-            yield self.TX(conn, self.GREATEST)
+            tx = self.TX(conn, self.GREATEST)
+            tx.outbox = self.outbox
+            yield tx
 
     # -- job state ---------------------------------------------------------------------------
 
@@ -205,7 +212,7 @@ class Ledger(LedgerStore):
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set on the status (see :meth:`Tx.update`), in its own transaction."""
         with self.db.write() as conn:
-            return _update(conn, row_id, expect, change.columns())
+            return _update(conn, row_id, expect, change.columns(), self.outbox)
 
     def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
         """Rows that are not done (optionally only these statuses), oldest first."""
@@ -365,8 +372,41 @@ def insert_sql(names: tuple[str, ...]) -> str:
 # Values go to SQLite as they are: StrEnum members bind as text, bools as integers.
 
 
+NOTIFIED = {"completed": "cron.completed"} | dict.fromkeys(
+    ("failed", "timed_out", "lost", "failed_start", "config_error"), "cron.failed"
+)
+"""The outcomes of a settled fire a notification rule can listen to, by their notify name."""
+
+
+def _notify(conn: Any, outbox: Outbox, row_id: int) -> None:
+    row = conn.execute("SELECT * FROM cron_fires WHERE id = ?", (row_id,)).fetchone()
+    fire = FireRecord.from_row(row)
+    event = NOTIFIED.get(fire.outcome.value if fire.outcome else "")
+    if event is None or not outbox.wants(event):
+        return
+    fields = {
+        "job": fire.job_id,
+        "fire": {
+            "key": fire.fire_key,
+            "nominal": fire.nominal,
+            "outcome": fire.shown_outcome,
+            "exit_code": fire.exit_code,
+            "signal": fire.signal,
+            "error": fire.error,
+            "started_at": fire.started_at,
+            "ended_at": fire.ended_at,
+        },
+    }
+    at = fire.ended_at if fire.ended_at is not None else fire.decided_at
+    outbox.record(conn, event, fields, Subject(job=fire.job_id), at)
+
+
 def _update(
-    conn: sqlite3.Connection, row_id: int, expect: Sequence[Status], values: dict[str, Any]
+    conn: sqlite3.Connection,
+    row_id: int,
+    expect: Sequence[Status],
+    values: dict[str, Any],
+    outbox: Outbox | None = None,
 ) -> bool:
     for name in values:
         if name not in COLUMNS or name == "id":
@@ -377,4 +417,8 @@ def _update(
         f"UPDATE cron_fires SET {assignments} WHERE id = ? AND status IN ({marks})",  # noqa: S608
         (*values.values(), row_id, *(s.value for s in expect)),
     )
-    return cursor.rowcount == 1
+    changed = cursor.rowcount == 1
+    if changed and outbox is not None and values.get("status") == Status.DONE:
+        # In the settle's own transaction: the message commits with the outcome or not at all.
+        _notify(conn, outbox, row_id)
+    return changed
