@@ -368,3 +368,43 @@ def test_serve_delivers_what_a_command_queued(tmp_path: Path) -> None:
             gateway.shutdown()
     message = json.loads(receiver.got[0][1])
     assert (message["event"], message["card"]["id"]) == ("card.added", card.id)
+
+
+def test_notify_commands_list_retry_and_test(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dispatcher.cli.main import main
+    from tests.support.cli import state_env
+
+    config = tmp_path / "config.yaml"
+
+    with receiving() as receiver:
+        config.write_text(
+            "kanban: {assignees: {a: {command: ['true']}}}\n"
+            f"notify:\n  channels: {{hook: {{webhook: {{url: 'http://127.0.0.1:{receiver.port}/k'}}}}}}\n"
+            "  rules: [{on: [card.added], to: [hook]}]\n"
+        )
+        env = state_env(tmp_path)
+        assert main(["--config", str(config), "notify", "test", "hook"], environ=env) == 0
+        assert capsys.readouterr().out.startswith("delivered: 200 ok")
+        assert json.loads(receiver.got[0][1])["event"] == "test"
+    assert (
+        main(["--config", str(config), "notify", "test", "hook"], environ=env) == 1
+    )  # the receiver is gone
+    assert capsys.readouterr().out.startswith(
+        f"refused: http://127.0.0.1:{receiver.port}/<redacted>"
+    )
+    assert main(["--config", str(config), "notify", "test", "nope"], environ=env) == 2
+    assert "unknown channel 'nope'" in capsys.readouterr().err
+    assert (
+        main(["--config", str(config), "kanban", "add", "hello", "--assignee", "a"], environ=env)
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["--config", str(config), "notify", "list", "--json"], environ=env) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["event"], row["channel"], row["state"]) == ("card.added", "hook", "pending")
+    assert main(["--config", str(config), "notify", "list", "--dead"], environ=env) == 0
+    assert capsys.readouterr().out.strip() == "no dead notifications"
+    assert main(["--config", str(config), "notify", "retry", row["id"]], environ=env) == 0
+    assert main(["--config", str(config), "notify", "retry", "0" * 32], environ=env) == 2
