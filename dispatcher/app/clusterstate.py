@@ -177,7 +177,8 @@ def open_cluster_state(
                 db_local.close()
             raise
     # Every process that changes the board routes its events to the outbox the same way.
-    state.outbox = Outbox(settings.notify.routes()) if settings.notify.rules else None
+    # Always an outbox (maybe routing nothing): a reload that adds rules changes its routes.
+    state.outbox = Outbox(settings.notify.routes())
     state.board.outbox = state.outbox
     return state
 

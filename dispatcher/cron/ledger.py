@@ -23,9 +23,10 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.cron import notices
 from dispatcher.cron.abc import LedgerStore, LedgerTx
 from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
-from dispatcher.launch.outbox import Outbox, Subject
+from dispatcher.launch.outbox import Outbox
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
@@ -113,7 +114,9 @@ class Tx(LedgerTx):
                     chunk,
                 )
             )
-        return [ids[key] for key in keys]
+        found = [ids[key] for key in keys]
+        self.notify_new(found)
+        return found
 
     def open_rows(self, job_id: str) -> list[FireRecord]:
         """The job's rows that are not done (claimed, spawning, queued, running), oldest first."""
@@ -129,7 +132,15 @@ class Tx(LedgerTx):
             cursor = self.conn.execute(insert_sql(tuple(values)), tuple(values.values()))
         except sqlite3.IntegrityError:
             return None
+        if cursor.lastrowid is not None:
+            self.notify_new([cursor.lastrowid])
         return cursor.lastrowid
+
+    def notify_new(self, row_ids: Sequence[int]) -> None:
+        """Queue the messages of rows inserted already settled (``missed``), in this
+        transaction."""
+        if self.outbox is not None and row_ids:
+            notices.fires(self.conn, self.outbox, row_ids)
 
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set: update the row only if its status is one of ``expect``."""
@@ -181,6 +192,8 @@ class Ledger(LedgerStore):
                     " paused_at = excluded.paused_at, updated_at = excluded.updated_at",
                     (job_id, now, now),
                 )
+                if self.outbox is not None:
+                    notices.paused(conn, self.outbox, job_id, now)
             else:
                 conn.execute(
                     "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"  # noqa: S608
@@ -372,35 +385,6 @@ def insert_sql(names: tuple[str, ...]) -> str:
 # Values go to SQLite as they are: StrEnum members bind as text, bools as integers.
 
 
-NOTIFIED = {"completed": "cron.completed"} | dict.fromkeys(
-    ("failed", "timed_out", "lost", "failed_start", "config_error"), "cron.failed"
-)
-"""The outcomes of a settled fire a notification rule can listen to, by their notify name."""
-
-
-def _notify(conn: Any, outbox: Outbox, row_id: int) -> None:
-    row = conn.execute("SELECT * FROM cron_fires WHERE id = ?", (row_id,)).fetchone()
-    fire = FireRecord.from_row(row)
-    event = NOTIFIED.get(fire.outcome.value if fire.outcome else "")
-    if event is None or not outbox.wants(event):
-        return
-    fields = {
-        "job": fire.job_id,
-        "fire": {
-            "key": fire.fire_key,
-            "nominal": fire.nominal,
-            "outcome": fire.shown_outcome,
-            "exit_code": fire.exit_code,
-            "signal": fire.signal,
-            "error": fire.error,
-            "started_at": fire.started_at,
-            "ended_at": fire.ended_at,
-        },
-    }
-    at = fire.ended_at if fire.ended_at is not None else fire.decided_at
-    outbox.record(conn, event, fields, Subject(job=fire.job_id), at)
-
-
 def _update(
     conn: sqlite3.Connection,
     row_id: int,
@@ -420,5 +404,5 @@ def _update(
     changed = cursor.rowcount == 1
     if changed and outbox is not None and values.get("status") == Status.DONE:
         # In the settle's own transaction: the message commits with the outcome or not at all.
-        _notify(conn, outbox, row_id)
+        notices.fires(conn, outbox, [row_id])
     return changed

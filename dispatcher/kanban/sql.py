@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from dispatcher.kanban import rules
+from dispatcher.kanban import notices, rules
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.model import Card, EventKind, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, card_of, db_value, run_of
-from dispatcher.launch.outbox import Outbox, Subject
+from dispatcher.launch.outbox import Outbox
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
@@ -36,25 +36,6 @@ WAITING_SQL = (
     " WHERE p.card_id = c.id AND NOT (pc.status = 'done'"
     " OR (pc.status = 'archived' AND pc.completed_at IS NOT NULL)))"
 )
-
-NOTIFIED: Mapping[EventKind, str] = {
-    EventKind.CREATED: "card.added",
-    EventKind.COMPLETED: "card.done",
-    EventKind.REVIEW: "card.review",
-    EventKind.BLOCKED: "card.blocked",
-    EventKind.GAVE_UP: "card.gave_up",
-    EventKind.FAILED: "card.failed",
-}
-"""The card events a notification rule can listen to, by their notify name."""
-_MOVED_TO = {"blocked": "card.blocked", "done": "card.done", "review": "card.review"}
-
-
-def notify_event(kind: EventKind, data: Mapping[str, Any]) -> str | None:
-    """The notification a card event is (an operator's move counts as reaching its
-    target), or None."""
-    if kind is EventKind.MOVED:
-        return _MOVED_TO.get(str(data.get("to")))
-    return NOTIFIED.get(kind)
 
 
 class SqlConnection(Protocol):
@@ -108,15 +89,9 @@ class SqlBoard(BoardStore):
             "INSERT INTO kanban_events (card_id, run_id, kind, at, data) VALUES (?, ?, ?, ?, ?)",
             (card_id, run_id, kind.value, now, json.dumps(dict(data), default=str)),
         )
-        event = notify_event(kind, data)
-        if self.outbox is not None and event is not None and self.outbox.wants(event):
+        if self.outbox is not None:
             # Same connection, same transaction: the message commits with its event or not at all.
-            row = conn.execute(
-                "SELECT title, assignee, status FROM kanban_cards WHERE id = ?", (card_id,)
-            ).fetchone()
-            card = {"id": card_id, "title": row[0], "assignee": row[1], "status": row[2]}
-            fields = {"card": card, "run_id": run_id, "data": dict(data)}
-            self.outbox.record(conn, event, fields, Subject(assignee=row[1]), now)
+            notices.record(self.outbox, conn, card_id, kind, data, now, run_id)
 
     @staticmethod
     def _update(conn: SqlConnection, card_id: str, fields: Mapping[str, Any], now: float) -> None:

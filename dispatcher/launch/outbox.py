@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,8 +30,17 @@ EVENTS: tuple[str, ...] = (
     "card.blocked",
     "card.gave_up",
     "card.failed",
+    "breaker.tripped",
+    "infrastructure.refusing",
+    "infrastructure.recovered",
     "cron.completed",
     "cron.failed",
+    "cron.missed",
+    "cron.spawn_refused",
+    "cron.paused",
+    "host.lost",
+    "host.rescued",
+    "reload.rejected",
 )
 """The event names a rule's ``on:`` may list (docs/notify.md shows each message's JSON)."""
 
@@ -42,10 +52,12 @@ class _Connection(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class Subject:
-    """What a rule's filters look at: the card's assignee or the cron job's id."""
+    """What a rule's filters look at: the card's assignee and group, or the cron job's id."""
 
     assignee: str | None = None
     job: str | None = None
+    group: str | None = None
+    """The card's group (cards have none yet: a rule naming groups matches no card)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,12 +68,15 @@ class Route:
     channels: tuple[str, ...]
     assignees: frozenset[str] = frozenset()
     jobs: frozenset[str] = frozenset()
+    groups: frozenset[str] = frozenset()
 
     def matches(self, event: str, subject: Subject) -> bool:
         """Whether a message about ``event`` on ``subject`` goes this route's way."""
         if event not in self.events:
             return False
         if self.assignees and subject.assignee not in self.assignees:
+            return False
+        if self.groups and subject.group not in self.groups:
             return False
         return not (self.jobs and subject.job not in self.jobs)
 
@@ -80,6 +95,7 @@ class Outbox:
 
     def __init__(self, routes: Sequence[Route]) -> None:
         self.routes = tuple(routes)
+        """Replaced in place by a reload: every store holding this outbox routes the new way."""
 
     def wants(self, event: str) -> bool:
         """Whether any rule listens to ``event`` (cheap: saves building the message)."""
@@ -109,3 +125,18 @@ class Outbox:
                 (message_id, channel, event, now, body, now, now),
             )
         return message_id
+
+    def record_new(
+        self,
+        write: Callable[[], AbstractContextManager[Any]],
+        event: str,
+        fields: Mapping[str, Any],
+        subject: Subject,
+        now: float,
+    ) -> str | None:
+        """:meth:`record` in a transaction of its own (``write`` opens one), for an event that
+        is no database change (a rejected reload); None when no rule routes it."""
+        if not self.wants(event):
+            return None
+        with write() as conn:
+            return self.record(conn, event, fields, subject, now)

@@ -34,7 +34,7 @@ from dispatcher.notify.settings import Channel, NotifySettings, WebhookFormat, r
 from dispatcher.notify.store import Delivery, NotifyStore
 from scope.foundation.errors import ConfigError
 
-__all__ = ["Answer", "Sender", "backoff", "deliver", "load_secret", "sign"]
+__all__ = ["Answer", "Sender", "backoff", "deliver", "load_secret", "load_secrets", "sign"]
 
 log = logging.getLogger("dispatch.notify")
 
@@ -76,6 +76,15 @@ def load_secret(path_text: str) -> bytes:
             remedy=f"chmod 600 {path}",
         )
     return data.strip()
+
+
+def load_secrets(settings: NotifySettings) -> dict[str, bytes]:
+    """Every signing channel's secret, by channel name (checked as :func:`load_secret`)."""
+    return {
+        name: load_secret(ch.webhook.secret_file)
+        for name, ch in settings.channels.items()
+        if ch.webhook is not None and ch.webhook.secret_file
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,11 +187,7 @@ class Sender:
         self.clock = clock
         self.base, self.cap, self.poll, self.rand = base, cap, poll, rand
         # Read (and checked) once at start: a bad secret file stops serve with one line.
-        self.secrets = {
-            name: load_secret(ch.webhook.secret_file)
-            for name, ch in settings.channels.items()
-            if ch.webhook is not None and ch.webhook.secret_file
-        }
+        self.secrets = load_secrets(settings)
         self.stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -240,12 +245,3 @@ class Sender:
         self.stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
-
-
-def start_sender(settings: NotifySettings, store: NotifyStore) -> Sender | None:
-    """A running sender for ``settings`` (None when no rule routes anything), for serve."""
-    if not settings.rules:
-        return None
-    sender = Sender(store, settings)
-    sender.start()
-    return sender

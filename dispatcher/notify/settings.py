@@ -130,6 +130,12 @@ class Rule:
     jobs: tuple[str, ...] = setting(
         (), kind=ListOf(Str()), doc="Only these cron jobs (default: any)."
     )
+    groups: tuple[str, ...] = setting(
+        (),
+        kind=ListOf(Str()),
+        doc="Only cards of these groups (default: any; cards have no group yet, so a rule "
+        "naming groups matches no card).",
+    )
 
     def check(self) -> None:
         """Known event names, at least one of each."""
@@ -150,6 +156,7 @@ class Rule:
             channels=self.to,
             assignees=frozenset(self.assignees),
             jobs=frozenset(self.jobs),
+            groups=frozenset(self.groups),
         )
 
 

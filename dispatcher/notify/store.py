@@ -87,6 +87,10 @@ class NotifyStore:
         self._write = write
         self._lock_clause = " FOR UPDATE SKIP LOCKED" if skip_locked else ""
 
+    def write(self) -> contextlib.AbstractContextManager[Any]:
+        """A write transaction on the outbox's database."""
+        return self._write()
+
     def claim(self, *, now: float, lease: float, limit: int = 16) -> list[Delivery]:
         """Due pending deliveries, fenced for ``lease`` seconds against other senders."""
         with self._write() as conn:
