@@ -408,3 +408,23 @@ def test_notify_commands_list_retry_and_test(
     assert capsys.readouterr().out.strip() == "no dead notifications"
     assert main(["--config", str(config), "notify", "retry", row["id"]], environ=env) == 0
     assert main(["--config", str(config), "notify", "retry", "0" * 32], environ=env) == 2
+
+
+def test_breaker_blocks_and_pauses_are_their_own_events(tmp_path: Path) -> None:
+    from dispatcher.cron.ledger import Ledger
+    from dispatcher.kanban.model import EventKind
+    from dispatcher.kanban.notices import notify_events
+    from dispatcher.launch.outbox import Route
+
+    assert notify_events(EventKind.BLOCKED, {"reason": "3 failures"}) == (
+        "card.blocked",
+        "breaker.tripped",
+    )
+    assert notify_events(EventKind.BLOCKED, {"by": "worker"}) == ("card.blocked",)
+    assert notify_events(EventKind.MOVED, {"to": "ready"}) == ()
+    with open_state(tmp_path / "state") as db:
+        ledger = Ledger(db)
+        ledger.outbox = Outbox([Route(events=frozenset({"cron.paused"}), channels=("h",))])
+        assert ledger.set_paused("nightly", True, NOW)
+        (row,) = _notify_store(db, clustered=False).list()
+        assert (row.event, json.loads(row.body)["job"]) == ("cron.paused", "nightly")
