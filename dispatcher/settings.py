@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from dispatcher.cluster.settings import ClusterSettings
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.kanban.settings import Assignee, KanbanSettings
+from dispatcher.notify.settings import NotifySettings
 from registry.settings import RegistrySettings
 from scope.foundation.schema import Duration, Record, setting
 from scope.settings import ScopeSettings
@@ -67,6 +68,11 @@ class Settings:
         default_factory=ClusterSettings,
         kind=Record(ClusterSettings),
         doc="Cluster mode (several hosts, one PostgreSQL).",
+    )
+    notify: NotifySettings = setting(
+        default_factory=NotifySettings,
+        kind=Record(NotifySettings),
+        doc="Notifications (webhooks and commands) of chosen events.",
     )
 
 

@@ -142,6 +142,8 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("kanban", 2, ("dispatcher.kanban",)),
     # The PostgreSQL side of the board-store and ledger seams stands on both.
     ("cluster", 3, ("dispatcher.cluster",)),
+    # Notifications read the config into routes and deliver; the stores' write side is in launch.
+    ("notify", 3, ("dispatcher.notify",)),
     (
         "app",
         4,

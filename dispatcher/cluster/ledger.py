@@ -44,6 +44,7 @@ class PgTx(Tx):
         if row is None:
             return None
         self._own([int(row[0])])
+        self.notify_new([int(row[0])])
         return int(row[0])
 
     def insert_many(self, rows: Sequence[dict[str, Any]]) -> list[int]:
