@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scope.abc import CallerKind, Placement
+from scope.abc import CallerKind, Placement, ScopeProperties
 from scope.foundation.ids import IdKind
 
 SESSION_IDS = IdKind(name="session", prefix="s_", digits=12, listing="dispatch ps --all")
@@ -217,6 +217,8 @@ class SpawnRequest:
     """Watch patterns (a plain string is a substring). Matching lines publish watch events,
     with a cooldown, a strike limit and a lifetime cap; once disabled the session falls back
     to notify-on-complete."""
+    resources: ScopeProperties | None = None
+    """The worker's resource class, applied over ``scope.resources`` (None: the default)."""
 
 
 @dataclass(frozen=True, kw_only=True)
