@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from dispatcher.config import load_config
-from scope.foundation.errors import ConfigError
 from scope import open_scoper, policy_from
 from scope.abc import BackendKind, CallerKind, LaunchSpec, Placement
+from scope.foundation.errors import ConfigError
 from scope.foundation.schema import Invalid, Record
 from scope.foundation.values import format_percentage, parse_percentage
 from scope.resources import ScopeProperties, bus_properties, describe, run_properties
@@ -43,7 +43,7 @@ def parse(mapping: dict[str, object]) -> ScopeProperties:
 def test_percentages_need_their_sign_and_round_trip() -> None:
     assert parse_percentage("150%") == 150.0 and parse_percentage(" 12.5 %") == 12.5
     assert format_percentage(parse_percentage("0.25%")) == "0.25%"
-    for bad in ("150", 150, "1.234%", "x%", "-5%", "１%", True):
+    for bad in ("150", 150, "1.234%", "x%", "-5%", "\uff11%", True):
         with pytest.raises(Invalid):
             parse_percentage(bad)
 
@@ -171,3 +171,17 @@ def test_every_property_reaches_the_scope_through_both_backends(
         finally:
             scoper.close()
     assert reported["dbus"] == reported["systemd-run"] == EXPECTED
+
+
+def test_a_class_that_clashes_with_the_default_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "scope:\n  resources: {memory_max: 1GiB}\n"
+        "cron:\n  jobs:\n    - id: a\n      every: 60\n      command: ['true']\n"
+        "      resources:\n        memory_high: 2GiB\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    text = str(err.value)
+    assert "config.yaml:9: cron.jobs[0].resources.memory_high" in text, text
+    assert "above memory_max 1GiB" in text and "over scope.resources" in text
