@@ -120,6 +120,16 @@ class PgLedger(Ledger):
             }
         return [r for r in rows if r.status is Status.QUEUED or r.id in mine]
 
+    def fire_hosts(self, row_ids: Sequence[int]) -> dict[int, str | None]:
+        """The host that decided or ran each of these fires (``cron history``)."""
+        if not row_ids:
+            return {}
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT id, host_id FROM cron_fires WHERE id = ANY(?)", (list(row_ids),)
+            ).fetchall()
+        return {int(row[0]): row[1] for row in rows}
+
     def count_workers(self) -> int:
         if self.stamp is None:
             return super().count_workers()

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.app.clusterstate import ClusterState
+from dispatcher.app.reports import spawn_environ
 from dispatcher.app.runtime import Runtime, open_runtime
 from dispatcher.app.wake import WakeSocket
 from dispatcher.config import load_config
@@ -293,7 +294,7 @@ class Gateway:
             state_dir=self.state_dir,
             caller=CallerKind.KANBAN,
             config_path=self.config_path,
-            environ=self.environ,
+            environ=spawn_environ(settings, self.environ),
             scoper=self._runtime.scoper,
             adopt=False,
         )
