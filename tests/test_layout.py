@@ -269,6 +269,7 @@ REGISTRY_LAYERS: Layers = (
             "registry.errors",
             "registry.settings",
             "registry.environment",
+            "registry.usage",
         ),
     ),
     # Processes (identity, kill policy, refusal) and output as text (tail, hooks, the raw log
@@ -294,6 +295,7 @@ REGISTRY_FACES = frozenset(
         "registry.errors",
         "registry.settings",
         "registry.environment",
+        "registry.usage",
         "registry.process",
         "registry.fake",
         # Signalling a process known by identity (dispatch reload): the package's own face.

@@ -28,7 +28,15 @@ from scope.abc import CallerKind
 from scope.errors import ScopeUnavailable
 from scope.foundation.errors import DispatchError
 
-FAILED_OUTCOMES = ("failed", "timed_out", "lost", "failed_start", "spawn_refused", "config_error")
+FAILED_OUTCOMES = (
+    "failed",
+    "timed_out",
+    "lost",
+    "failed_start",
+    "spawn_refused",
+    "config_error",
+    "oom_killed",
+)
 
 
 def status_document(

@@ -12,9 +12,11 @@ from dispatcher.commonsettings import (
     env_file_setting,
     env_setting,
     pty_setting,
+    resources_setting,
     shell_setting,
 )
 from scope.foundation.schema import Bool, Duration, Int, MapOf, Optional, Record, setting
+from scope.resources import ScopeProperties
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +37,7 @@ class Assignee:
         doc="Kill the worker after this long (outcome timed_out, counts as a failure).",
     )
     pty: bool = pty_setting()
+    resources: ScopeProperties = resources_setting()
 
     def check(self) -> None:
         """String commands need shell."""
