@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scope.foundation.schema import Argv, Bool, Invalid, MapOf, Optional, Str, setting
+from scope.foundation.schema import Argv, Bool, Invalid, MapOf, Optional, Record, Str, setting
+from scope.resources import ScopeProperties
 
 JOB_ID_PATTERN = r"[a-z0-9][a-z0-9_-]*"
 ENV_NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -69,3 +70,14 @@ def env_file_setting() -> Any:
 def pty_setting() -> Any:
     """``pty``: run the worker on a pseudo-terminal."""
     return setting(False, kind=Bool(), doc="Run the worker on a pseudo-terminal.")
+
+
+def resources_setting() -> Any:
+    """``resources``: the worker's resource class, over ``scope.resources`` key by key."""
+    return setting(
+        default_factory=ScopeProperties,
+        kind=Record(ScopeProperties),
+        doc="Resource class of this worker's scope (memory_high, memory_max, memory_swap_max, "
+        "cpu_weight, cpu_quota, tasks_max, io_weight, runtime_max, best_effort); unset keys "
+        "come from scope.resources. See docs/resources.md.",
+    )

@@ -39,6 +39,9 @@ def render() -> str:
             ]
         if default is dataclasses.MISSING:
             shown = "*required*"
+        elif isinstance(default, dict) and all(value is None for value in default.values()):
+            # A record of optional keys (a resource class): its keys are listed below it.
+            shown = "empty"
         elif isinstance(default, dict | list) and default:
             shown = f"`{json.dumps(default)}`"
         elif isinstance(default, dict | list):

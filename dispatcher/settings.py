@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from dispatcher.cluster.settings import ClusterSettings
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.kanban.settings import Assignee, KanbanSettings
+from dispatcher.notify.settings import NotifySettings
 from registry.settings import RegistrySettings
-from scope.foundation.schema import Duration, Record, setting
+from scope.foundation.schema import Duration, Invalid, Record, setting
+from scope.resources import ScopeProperties
 from scope.settings import ScopeSettings
 
 __all__ = [
@@ -68,6 +70,29 @@ class Settings:
         kind=Record(ClusterSettings),
         doc="Cluster mode (several hosts, one PostgreSQL).",
     )
+    notify: NotifySettings = setting(
+        default_factory=NotifySettings,
+        kind=Record(NotifySettings),
+        doc="Notifications (webhooks and commands) of chosen events.",
+    )
+
+    def check(self) -> None:
+        """Each worker's resource class must fit over ``scope.resources`` (``memory_high`` at
+        most the merged ``memory_max``), so a clash is a config error, not a refused start."""
+        default = self.scope.properties()
+        classes: list[tuple[tuple[str | int, ...], ScopeProperties]] = [
+            (("kanban", "assignees", name, "resources"), assignee.resources)
+            for name, assignee in self.kanban.assignees.items()
+        ]
+        classes += [
+            (("cron", "jobs", index, "resources"), job.resources)
+            for index, job in enumerate(self.cron.jobs)
+        ]
+        for path, resources in classes:
+            try:
+                resources.over(default)
+            except Invalid as err:
+                raise Invalid(f"{err.problem} (over scope.resources)", path + err.path) from None
 
 
 SCHEMA = Record(Settings)

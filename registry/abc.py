@@ -6,18 +6,16 @@ restart of the process that launched it, byte for byte. It achieves that with a 
 process per session that lives in the worker's scope, owns the worker's output and writes an
 exit record; any registry instance on the same state dir can adopt a keeper later.
 
-A :class:`Registry` never imports dispatcher/. It uses scope/ (a :class:`~scope.abc.Scoper`)
-for placement. Implementations: :class:`registry.process.ProcessRegistry` (real keepers, real
-processes) and :class:`registry.fake.FakeRegistry` (in memory, nothing runs; for unit tests of
-callers).
+A :class:`Registry` never imports dispatcher/; a :class:`~scope.abc.Scoper` places it. See
+:class:`registry.process.ProcessRegistry` (real) and :class:`registry.fake.FakeRegistry` (fake).
 
 Vocabulary (shared; use these exact values):
 
 * :class:`SessionState`: ``running``, ``exited``, ``killed``, ``timed_out``, ``lost``,
   ``failed_start``.
 * Placement values come from :class:`scope.abc.Placement`.
-* :class:`EventType`: ``completion``, ``heartbeat``, ``watch``, ``watch_disabled``,
-  ``handoff``, ``orphaned``.
+* :class:`EventType`: ``completion``, ``heartbeat``, ``watch``, ``watch_disabled``, ``handoff``,
+  ``orphaned``.
 
 Events (see docs/events.md): a session spawned with ``notify`` (or with heartbeats or watch
 patterns) produces durable :class:`Event` rows routed to its :class:`Owner`. Exactly one
@@ -26,11 +24,11 @@ that stores its final state; consumers read them with :meth:`Registry.events` an
 them by id with :meth:`Registry.ack` (idempotent), so a consumer that crashed before
 acknowledging sees the same ids again and deduplicates by id.
 
-Output hooks: every text of output the registry hands to a program (poll/wait/kill snapshots,
-previews, event outputs) first passes the owner's transform hook (if any), then redaction of
-secrets. The hook gets a :class:`HookContext` naming the *owning* session. Callers read a log
-only through the registry (:meth:`Registry.read_log`, ``follow_log``, ``log_size``,
-``output_times``, ``apply_hooks``), raw by default (``dispatch logs``), hooked on request.
+Output hooks: every text of output the registry hands to a program (snapshots, previews, event
+outputs) first passes the owner's transform hook (if any), then redaction of secrets. The hook
+gets a :class:`HookContext` naming the *owning* session. Callers read a log only through the
+registry (:meth:`Registry.read_log`, ``follow_log``, ``log_size``, ``output_times``,
+``apply_hooks``), raw by default (``dispatch logs``), hooked on request.
 """
 
 from __future__ import annotations
@@ -42,7 +40,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scope.abc import CallerKind, Placement
+from registry.usage import Usage
+from scope.abc import CallerKind, Placement, ScopeProperties
 from scope.foundation.ids import IdKind
 
 SESSION_IDS = IdKind(name="session", prefix="s_", digits=12, listing="dispatch ps --all")
@@ -176,6 +175,8 @@ class Session:
     """The purpose note of the last handoff (rides on the completion event)."""
     handoff_from: Owner | None = None
     """The owner that handed the session to its current owner."""
+    usage: Usage | None = None
+    """What the worker used, read in its own scope as it ended (:mod:`registry.usage`)."""
 
     @property
     def finished(self) -> bool:
@@ -217,6 +218,8 @@ class SpawnRequest:
     """Watch patterns (a plain string is a substring). Matching lines publish watch events,
     with a cooldown, a strike limit and a lifetime cap; once disabled the session falls back
     to notify-on-complete."""
+    resources: ScopeProperties | None = None
+    """The worker's resource class, over ``scope.resources`` key by key."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from scope.resources import ScopeProperties
+
 if TYPE_CHECKING:
     import subprocess
 
@@ -116,15 +118,6 @@ class Decision:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScopeProperties:
-    """Optional limits applied to every scope (none by default: a silent cap is a trap)."""
-
-    memory_max: int | None = None
-    tasks_max: int | None = None
-    runtime_max: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     """What to start. ``argv`` is never passed through a shell."""
 
@@ -142,6 +135,9 @@ class LaunchSpec:
     gated: bool = False
     """The program honours the gate protocol (reads ``DISPATCH_SCOPE_GATE_FD``)."""
     start_new_session: bool = True
+    resources: ScopeProperties | None = None
+    """This worker's resource class, over ``scope.resources`` key by key (None: the default
+    class alone)."""
 
 
 @dataclass(frozen=True, kw_only=True)

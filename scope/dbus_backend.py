@@ -32,6 +32,7 @@ from scope.bus import BusInfo
 from scope.cgroup import cgroup_procs
 from scope.errors import BusError, ScopeError
 from scope.gate import Gate, wrapped_argv
+from scope.resources import bus_properties
 from scope.spawn import abandon, popen
 from scope.translate import NO_SUCH_UNIT, ScopeStartFailed, from_dbus_reply, translate
 
@@ -62,12 +63,8 @@ def scope_properties(
     ]
     if pids:
         props.append(["PIDs", Variant("au", pids)])
-    if properties.memory_max is not None:
-        props.append(["MemoryMax", Variant("t", int(properties.memory_max))])
-    if properties.tasks_max is not None:
-        props.append(["TasksMax", Variant("t", int(properties.tasks_max))])
-    if properties.runtime_max is not None:
-        props.append(["RuntimeMaxUSec", Variant("t", int(properties.runtime_max * 1_000_000))])
+    for name, signature, value in bus_properties(properties):
+        props.append([name, Variant(signature, value)])
     return props
 
 

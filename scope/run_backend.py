@@ -31,6 +31,7 @@ from scope.bus import BUS_ENV, RUNTIME_ENV, BusInfo
 from scope.cgroup import cgroup_procs
 from scope.errors import BusError
 from scope.gate import holder, python_prefix, resolve_program
+from scope.resources import run_properties
 from scope.spawn import abandon, popen
 from scope.translate import ScopeStartFailed, ScopeTimeout, from_process, is_not_loaded
 
@@ -157,12 +158,7 @@ class SystemdRunBackend(UnitBackend):
             ).split()
         )[:200]
         argv.append(f"--description={description}")
-        if properties.memory_max is not None:
-            argv += ["-p", f"MemoryMax={int(properties.memory_max)}"]
-        if properties.tasks_max is not None:
-            argv += ["-p", f"TasksMax={int(properties.tasks_max)}"]
-        if properties.runtime_max is not None:
-            argv += ["-p", f"RuntimeMaxSec={properties.runtime_max:g}"]
+        argv += run_properties(properties)
         return argv
 
     def _launch(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scope.abc import BackendKind, ManagerKind, ScopeProperties
-from scope.foundation.schema import Choice, Duration, Int, Optional, Size, setting
+from scope.abc import BackendKind, ManagerKind
+from scope.foundation.schema import Choice, Duration, Int, Invalid, Optional, Record, Size, setting
+from scope.resources import ScopeProperties
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,25 +39,44 @@ class ScopeSettings:
     probe_retry_timeout: float = setting(
         10.0, kind=Duration(min=0.1), doc="Bound on the retry of a probe that timed out."
     )
+    resources: ScopeProperties = setting(
+        default_factory=ScopeProperties,
+        kind=Record(ScopeProperties),
+        doc="The default resource class of every worker scope (nothing set: a silent memory "
+        "cap on long agent runs is a trap); assignees and cron jobs override it key by key. "
+        "See docs/resources.md.",
+    )
     memory_max: int | None = setting(
         None,
         kind=Optional(Size(min=1)),
-        doc="MemoryMax= for every worker scope (none by default: a silent memory cap on long "
-        "agent runs is a trap).",
+        doc="Alias of scope.resources.memory_max (kept for old files; set only one).",
     )
     tasks_max: int | None = setting(
         None,
         kind=Optional(Int(min=1)),
-        doc="TasksMax= for every worker scope (none: the manager's default applies).",
+        doc="Alias of scope.resources.tasks_max (kept for old files; set only one).",
     )
     runtime_max: float | None = setting(
         None,
         kind=Optional(Duration(min=1)),
-        doc="RuntimeMaxSec= for every worker scope (none: no limit from the scope itself).",
+        doc="Alias of scope.resources.runtime_max (kept for old files; set only one).",
     )
 
+    def check(self) -> None:
+        """An alias and its ``resources`` key must not both be set."""
+        for key in _ALIASES:
+            if getattr(self, key) is not None and getattr(self.resources, key) is not None:
+                raise Invalid(
+                    f"is an alias of scope.resources.{key}: set only one of the two",
+                    (key,),
+                )
+        self.properties()
+
     def properties(self) -> ScopeProperties:
-        """The unit properties a real spawn (and the probe) applies."""
-        return ScopeProperties(
-            memory_max=self.memory_max, tasks_max=self.tasks_max, runtime_max=self.runtime_max
-        )
+        """The default class a real spawn (and the probe) applies: ``scope.resources`` with
+        the old global keys filled in."""
+        aliases = {key: getattr(self, key) for key in _ALIASES}
+        return self.resources.over(ScopeProperties(**aliases))
+
+
+_ALIASES = ("memory_max", "tasks_max", "runtime_max")

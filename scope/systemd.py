@@ -196,6 +196,9 @@ class SystemdScoper(Scoper):
         bound = self.settings.probe_retry_timeout if timeout is None else timeout
         deadline = time.monotonic() + bound
         failures: list[tuple[str, ScopeError]] = []
+        properties = self.settings.properties()
+        if spec.resources is not None:
+            properties = spec.resources.over(properties)
         for backend in self._backends:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -209,7 +212,7 @@ class SystemdScoper(Scoper):
                 )
                 continue
             try:
-                return backend.launch(spec, unit, self.settings.properties(), timeout=remaining)
+                return backend.launch(spec, unit, properties, timeout=remaining)
             except ScopeError as err:
                 _log.debug("%s could not place %s: %s", backend.name, unit, err)
                 failures.append((backend.name, err))

@@ -119,3 +119,45 @@ def test_writing_commands_still_refuse(home: Home, argv: tuple[str, ...]) -> Non
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "dispatch: error:" in lines[0] and f"{home.config}:" in lines[0]
+
+
+def test_views_mark_what_they_cannot_know(home: Home, tmp_path: Path) -> None:
+    """Issue 19 §4: a broken config never reads as "nothing configured" or "nothing fires"."""
+    listed = home.run("cron", "list")
+    assert "no cron jobs configured" not in listed.stdout
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith("tick ")]
+    assert row.split()[4:6] == ["?", "?"] and "(config not loaded)" in row
+    status = home.run("status")
+    assert "next fires: none" not in status.stdout
+    assert "next fires: unknown (config not loaded; jobs the state dir knows: tick)" in (
+        status.stdout
+    )
+    (placement,) = [line for line in status.stdout.splitlines() if line.startswith("placement:")]
+    assert "as a gateway under its unit would get it" in placement
+    assert "config not loaded" in placement
+    doc = json.loads(home.run("status", "--json").stdout)
+    assert doc["next_cron_fires"] is None and doc["cron_jobs_known"] == ["tick"]
+    # A state dir that has seen no fire yet: the configured jobs are unknown, not absent.
+    empty = home.run("--state-dir", str(tmp_path / "fresh"), "cron", "list")
+    assert empty.returncode == 0, empty.stderr
+    assert empty.stdout.startswith("no cron jobs known to the state dir (config not loaded")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--config", "{missing}", "status"),
+        ("--config", "{missing}", "kanban", "list"),
+        ("--config", "{missing}", "cron", "list"),
+        ("--config", "{missing}", "kanban", "add", "x", "--assignee", "echo"),
+    ],
+    ids=lambda a: " ".join(a[2:]),
+)
+def test_an_explicit_missing_config_is_exit_2_everywhere(
+    home: Home, tmp_path: Path, argv: tuple[str, ...]
+) -> None:
+    """Issue 19 §4: one rule for ``--config`` naming a missing file (docs/configuration.md)."""
+    done = home.run(*[a.format(missing=tmp_path / "nope.yaml") for a in argv])
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "config file not found (from --config)" in lines[0], lines

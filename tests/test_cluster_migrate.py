@@ -22,7 +22,9 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.outbox import Outbox, Route, Subject
 from dispatcher.launch.outcome import Outcome, Result
+from dispatcher.notify.store import NotifyStore
 
 pytestmark = pytest.mark.postgres
 NOW = 1_800_000_000.0
@@ -71,8 +73,14 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
     parent_id, child_id = _fill(tmp_path / "state")
     with open_state(tmp_path / "state") as db, ClusterDB(pg_url) as cluster:
         before = SqliteBoardStore(db)
+        queued = Outbox([Route(events=frozenset({"card.done"}), channels=("hook",))])
+        with db.write() as conn:  # an undelivered notification moves with the board
+            queued.record(conn, "card.done", {"card": {"id": child_id}}, Subject(), 1.0)
         result = migrate(db, cluster)
         after = PgBoardStore(cluster)
+        assert NotifyStore(cluster.read, cluster.write).list() == (
+            NotifyStore(db.read, db.write).list()
+        )
         assert result.counts == {
             "kanban_cards": 2,
             "kanban_parents": 1,
@@ -80,6 +88,7 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
             "kanban_events": len(before.events_of(parent_id)) + len(before.events_of(child_id)),
             "cron_fires": 1,
             "cron_jobs": 1,
+            "notify_outbox": 1,
         }
         assert result.paused and after.paused()
         for card_id in (parent_id, child_id):

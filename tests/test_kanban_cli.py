@@ -530,3 +530,45 @@ def test_a_worker_defers_its_card_uncounted_until_its_time(cli: Cli) -> None:
     assert isinstance(report, dict) and report["dispatched"] == []
     code, _, err = cli("kanban", "defer", card_id, "--run", "r_0000000000", "--for", "soon")
     assert code == 2 and err.count("\n") == 1 and "--for" in err
+
+
+def test_kill_takes_a_card_id_or_a_run_id(cli: Cli) -> None:
+    """Issue 19 §4: ``dispatch kill`` names a worker the way ``logs`` does."""
+    cards = []
+    for title in ("by-card", "by-run"):
+        _, out, _ = cli("kanban", "add", title, "--assignee", "sleeper")
+        cards.append(out.strip())
+    assert cli("kanban", "tick")[0] == 0
+    runs = []
+    for card_id in cards:
+        doc = cli.json("kanban", "show", card_id)
+        assert isinstance(doc, dict) and doc["status"] == "running"
+        runs.append(doc["runs"][0])  # type: ignore[index]
+    for given, run in ((cards[0], runs[0]), (runs[1]["run_id"], runs[1])):
+        code, out, err = cli("kill", given, "--grace", "1")
+        assert code == 0, err
+        assert out.startswith(f"{run['session_id']} killed"), out
+    code, _, err = cli("kill", "c_0000000000")
+    assert code == 2 and "c_0000000000" in err
+
+
+def test_an_unconfigured_assignee_shows_in_list_board_and_status(cli: Cli, home: Path) -> None:
+    """Issue 19 §4: not only an ``assignee_unknown`` event."""
+    _, out, _ = cli("kanban", "add", "orphan", "--assignee", "other")
+    orphan = out.strip()
+    fine = cli.add("fine")
+    config = home / "config.yaml"
+    config.write_text(CONFIG.replace('    other:\n      command: ["true"]\n', ""))
+    code, listed, err = cli("kanban", "list")
+    assert code == 0, err
+    rows = {line.split()[0]: line for line in listed.splitlines()[1:]}
+    assert rows[orphan].endswith("[assignee not configured]")
+    assert "not configured" not in rows[fine]
+    docs = cli.json("kanban", "list")
+    assert isinstance(docs, list)
+    assert {d["id"]: d["assignee_configured"] for d in docs} == {orphan: False, fine: True}
+    _, board, _ = cli("kanban", "board")
+    (line,) = [line for line in board.splitlines() if orphan in line]
+    assert "[assignee not configured]" in line
+    _, status, _ = cli("status")
+    assert f"kanban: card {orphan}: assignee 'other' is not configured" in status

@@ -142,6 +142,8 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("kanban", 2, ("dispatcher.kanban",)),
     # The PostgreSQL side of the board-store and ledger seams stands on both.
     ("cluster", 3, ("dispatcher.cluster",)),
+    # Notifications read the config into routes and deliver; the stores' write side is in launch.
+    ("notify", 3, ("dispatcher.notify",)),
     (
         "app",
         4,
@@ -267,6 +269,7 @@ REGISTRY_LAYERS: Layers = (
             "registry.errors",
             "registry.settings",
             "registry.environment",
+            "registry.usage",
         ),
     ),
     # Processes (identity, kill policy, refusal) and output as text (tail, hooks, the raw log
@@ -292,6 +295,7 @@ REGISTRY_FACES = frozenset(
         "registry.errors",
         "registry.settings",
         "registry.environment",
+        "registry.usage",
         "registry.process",
         "registry.fake",
         # Signalling a process known by identity (dispatch reload): the package's own face.

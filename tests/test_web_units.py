@@ -318,3 +318,16 @@ def test_a_tile_shows_a_card_backing_off_with_when() -> None:
     assert "backing off · next try in 40s" in html
     later = render.Renderer().macro("_tile.html", "tile", waiting, NOW + 41)
     assert "backing off" not in later
+
+
+def test_a_tile_says_when_its_assignee_is_not_configured() -> None:
+    """Issue 19 §4: the web tile shows what `kanban list` marks, not only an event."""
+    cards = [
+        _card("c_gone", CardStatus.READY, assignee="gone"),
+        _card("c_here", CardStatus.READY),
+        _card("c_done", CardStatus.DONE, assignee="gone", completed_at=NOW),
+    ]
+    marked = views.tiles(cards, [], local_host="h", failure_limit=3, assignees={"a"})
+    assert [t.unconfigured for t in marked] == [True, False, False]
+    unknown = views.tiles(cards, [], local_host="h", failure_limit=3)
+    assert not any(t.unconfigured for t in unknown)

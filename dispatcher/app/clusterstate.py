@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 
 from dispatcher.app.database import open_state
 from dispatcher.kanban.store import SqlBoardStore, SqliteBoardStore
+from dispatcher.launch.outbox import Outbox
+from dispatcher.notify.store import NotifyStore
 from dispatcher.settings import Settings
 from registry.store.database import StateDB
 
@@ -57,6 +59,8 @@ class ClusterState:
     owns_local: bool = False
     pg_ledger: Ledger | None = None
     """The cluster's ledger (cluster mode); a single host's is made on first use."""
+    outbox: Outbox | None = None
+    """Where the board's and the ledger's events queue notifications (None: no rules)."""
     _closed: bool = field(default=False, repr=False)
 
     @functools.cached_property
@@ -64,10 +68,13 @@ class ClusterState:
         """The cron ledger (a single host's in ``state.db``: imported and made on first use,
         since most commands never touch cron)."""
         if self.pg_ledger is not None:
+            self.pg_ledger.outbox = self.outbox
             return self.pg_ledger
         from dispatcher.cron.ledger import Ledger
 
-        return Ledger(self.local)
+        ledger = Ledger(self.local)
+        ledger.outbox = self.outbox
+        return ledger
 
     @property
     def clustered(self) -> bool:
@@ -100,6 +107,14 @@ class ClusterState:
             return True
         row = self.hosts.row(self.stamp.host_id)
         return row is not None and row.live and row.epoch == self.stamp.epoch
+
+    def notify_store(self) -> NotifyStore:
+        """The notification outbox beside the board (cluster mode: claims skip locked rows,
+        and take no board lock)."""
+        if self.db is not None:
+            db = self.db
+            return NotifyStore(db.read, lambda: db.write(None), skip_locked=True)
+        return NotifyStore(self.local.read, self.local.write)
 
     def run_hosts(self, card_id: str) -> dict[str, str | None]:
         """The host of each run of a card (empty for a single host)."""
@@ -147,19 +162,25 @@ def open_cluster_state(
     db_local = open_state(Path(state_dir)) if local is None else local
     url = cluster_url(settings, environ)
     if url is None:
-        return ClusterState(
+        state = ClusterState(
             board=SqliteBoardStore(db_local),
             local=db_local,
             owns_local=owns_local,
         )
-    try:
-        return _open_cluster(
-            settings, url, db_local, owns_local, pooled, connect_timeout, epoch, environ
-        )
-    except BaseException:
-        if owns_local:
-            db_local.close()
-        raise
+    else:
+        try:
+            state = _open_cluster(
+                settings, url, db_local, owns_local, pooled, connect_timeout, epoch, environ
+            )
+        except BaseException:
+            if owns_local:
+                db_local.close()
+            raise
+    # Every process that changes the board routes its events to the outbox the same way.
+    # Always an outbox (maybe routing nothing): a reload that adds rules changes its routes.
+    state.outbox = Outbox(settings.notify.routes())
+    state.board.outbox = state.outbox
+    return state
 
 
 def _open_cluster(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from dispatcher.app.clusterstate import ClusterState, open_cluster_state
 from dispatcher.app.database import open_state
+from dispatcher.app.reports import spawn_environ
 from dispatcher.app.wake import poke
 from dispatcher.kanban.board import Board
 from dispatcher.kanban.store import SqlBoardStore
@@ -113,7 +114,7 @@ class Workspace:
                 state_dir=self.state_dir,
                 caller=self.caller,
                 config_path=self.config_path,
-                environ=self.environ,
+                environ=spawn_environ(self.settings, self.environ),
                 scoper=runtime.scoper,
                 adopt=True,
                 fault=FaultPoint.from_environ(self.environ),

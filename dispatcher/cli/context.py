@@ -57,14 +57,14 @@ class Context:
 
     @functools.cached_property
     def config_path(self) -> Path | None:
-        """The config file in use (None: built-in defaults)."""
+        """The config file in use (None: built-in defaults).
+
+        ``--config`` or ``DISPATCH_CONFIG`` naming a missing file is a usage error for every
+        command, read-only views included (exit 2, one line): a mistyped path has no state
+        to fall back on the way a half-edited file does."""
         from dispatcher.config import resolve_config_path
 
-        try:
-            return resolve_config_path(getattr(self.args, "config", None), self.environ)
-        except ConfigError as err:
-            self._config_unusable(err)
-            return None
+        return resolve_config_path(getattr(self.args, "config", None), self.environ)
 
     @functools.cached_property
     def config(self) -> LoadedConfig:

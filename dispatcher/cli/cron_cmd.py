@@ -152,7 +152,12 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
         ctx.emit_json([{k: v for k, v in e.items() if k not in _EPOCH_KEYS} for e in entries])
         return 0
     if not entries:
-        ctx.out("no cron jobs configured")
+        if ctx.config_problem is not None:
+            ctx.out(
+                "no cron jobs known to the state dir (config not loaded: jobs it names are unknown)"
+            )
+        else:
+            ctx.out("no cron jobs configured")
         return 0
     rows = [("ID", "SCHEDULE", "TIMEZONE", "STATE", "NEXT", "LEFT", "LAST", "POLICIES")]
     for entry in entries:
@@ -160,14 +165,15 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
         if entry["paused"]:
             state_text = "paused"
         nxt = entry.get("next_fire_at")
+        unknown = "-" if entry["schedule"] else "?"  # no schedule: the config is not loaded
         rows.append(
             (
                 entry["id"],
                 entry["schedule"] or "?",
                 entry["timezone"] or "?",
                 state_text,
-                times.at(nxt, entry["timezone"]) if nxt else "-",
-                times.ago(nxt) if nxt else "-",
+                times.at(nxt, entry["timezone"]) if nxt else unknown,
+                times.ago(nxt) if nxt else unknown,
                 _last_text(entry, times),
                 policy_text(entry) if entry["schedule"] else "(config not loaded)",
             )
@@ -274,30 +280,41 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
         jobs.check_known(args.job_id)
     _settle_open(ctx, jobs)
     rows = jobs.ledger.history(args.job_id, args.limit)
+    # Cluster mode: the host that decided or ran each fire (a single host's ledger has none).
+    fire_hosts = getattr(jobs.ledger, "fire_hosts", None)
+    hosts = fire_hosts([row.id for row in rows]) if fire_hosts is not None else None
     if ctx.json:
-        ctx.emit_json([row_entry(row) for row in rows])
+        entries = [row_entry(row) for row in rows]
+        if hosts is not None:
+            for row, entry in zip(rows, entries, strict=True):
+                entry["host"] = hosts.get(row.id)
+        ctx.emit_json(entries)
         return 0
     if not rows:
         ctx.out("no cron history")
         return 0
     times = ctx.times()
-    table = [("FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR")]
+    header = ["FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR"]
+    if hosts is not None:
+        header.insert(1, "HOST")
+    table: list[tuple[str, ...]] = [tuple(header)]
     for row in rows:
         entry = row_entry(row)
         exit_text = "-" if row.exit_code is None else str(row.exit_code)
         if row.signal:
             exit_text = row.signal
-        table.append(
-            (
-                row.fire_key,
-                entry["outcome"] + (" (catch-up)" if row.catch_up else ""),
-                times.both(row.nominal, row.zone),
-                row.placement or "-",
-                row.session_id or "-",
-                exit_text,
-                row.error or "",
-            )
-        )
+        cells = [
+            row.fire_key,
+            entry["outcome"] + (" (catch-up)" if row.catch_up else ""),
+            times.both(row.nominal, row.zone),
+            row.placement or "-",
+            row.session_id or "-",
+            exit_text,
+            row.error or "",
+        ]
+        if hosts is not None:
+            cells.insert(1, hosts.get(row.id) or "-")
+        table.append(tuple(cells))
     _table(ctx, table)
     return 0
 

@@ -21,6 +21,7 @@ GROUPS: dict[str, str] = {
     "cron": "Cron jobs: list, next, run, history, pause, resume.",
     "kanban": "Kanban board: add, list, show, edit, tick, complete, block, board, ...",
     "hosts": "Cluster mode: the hosts sharing the cluster database, their leases and skew.",
+    "notify": "Notifications: list the outbox, retry a dead message, test a channel.",
     "state": "State database: check its integrity, back it up, restore a backup.",
     "web": "Serve the live dashboard (board, runs, logs, cron, sessions, hosts) and /metrics.",
     "completion": "Print the shell completion hook for bash, zsh or fish.",
@@ -41,6 +42,7 @@ READ_ONLY: dict[str, object] = {
     "cron list": True,
     "cron history": True,
     "state check": True,
+    "notify list": True,
 }
 """Commands that only read the state dir (by ``"group"`` or ``"group sub"``): they go on with
 the built-in defaults and one warning when the config file is broken (see

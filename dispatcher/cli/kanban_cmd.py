@@ -25,7 +25,7 @@ from dispatcher.cli.parser import (
     int_arg,
     path_arg,
 )
-from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
+from dispatcher.kanban.model import MOVE_TARGETS, Card, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     SORT_KEYS,
     board_text,
@@ -36,10 +36,12 @@ from dispatcher.kanban.views import (
     sorted_cards,
     tick_json,
     tick_text,
+    unconfigured,
 )
+from dispatcher.settings import Settings
 from dispatcher.timefmt import iso
 from scope.abc import CallerKind
-from scope.foundation.errors import Invalid, UsageError
+from scope.foundation.errors import DispatchError, Invalid, UsageError
 from scope.foundation.text import quote
 from scope.foundation.values import ISO_HINT, parse_duration, parse_iso_time
 
@@ -206,6 +208,32 @@ def _workspace(ctx: Context) -> Workspace:
     return workspace
 
 
+def _report_workspace(ctx: Context) -> Workspace:
+    """The board a worker reports to: inside a worker, only what its run was started with
+    (:mod:`dispatcher.app.reports`), so a broken, missing or changed config never stops the
+    report and none of its errors are printed; elsewhere (an operator's shell) the config's."""
+    from dispatcher.app.reports import captured_settings
+
+    settings = captured_settings(_quiet_settings(ctx), ctx.environ)
+    if settings is None:
+        return _workspace(ctx)
+    workspace = Workspace(settings, ctx.state_dir, environ=ctx.environ, caller=CallerKind.ONESHOT)
+    ctx.on_close(workspace)
+    return workspace
+
+
+def _quiet_settings(ctx: Context) -> Settings:
+    """The config's settings when it is usable (``kanban.transient_block`` still applies),
+    else the built-in defaults, without a word: the worker's report does not depend on it."""
+    from dispatcher.config import load_config, resolve_config_path
+
+    try:
+        path = resolve_config_path(getattr(ctx.args, "config", None), ctx.environ)
+        return load_config(path).settings
+    except DispatchError:
+        return Settings()
+
+
 def _refresh(ctx: Context, workspace: Workspace) -> None:
     """Reconcile finished runs before a board read, unless the config is broken: closing a
     run applies the configured failure taxonomy, which built-in defaults would get wrong."""
@@ -294,12 +322,27 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
         include_archived=args.all,
     )
     cards = sorted_cards(cards, args.sort, args.limit)
+    assignees = _assignees(ctx)
     if ctx.json:
-        ctx.emit_json([card_json(c) for c in cards])
+        ctx.emit_json([_listed_json(c, assignees) for c in cards])
     else:
-        for line in card_table(cards, times=ctx.times()):
+        for line in card_table(cards, times=ctx.times(), assignees=assignees):
             ctx.out(line)
     return 0
+
+
+def _assignees(ctx: Context) -> frozenset[str] | None:
+    """The configured assignee names; None while the config is not loaded (unknowable)."""
+    if ctx.config_problem is not None:
+        return None
+    return frozenset(ctx.settings.kanban.assignees)
+
+
+def _listed_json(card: Card, assignees: frozenset[str] | None) -> dict[str, object]:
+    """A card in a listing, with ``assignee_configured`` (true, false, or null when the
+    config is not loaded; done and archived cards need no assignee: true)."""
+    known = None if assignees is None else not unconfigured(card, assignees)
+    return {**card_json(card), "assignee_configured": known}
 
 
 def handle_show(args: argparse.Namespace, ctx: Context) -> int:
@@ -310,14 +353,15 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     card = workspace.store.get_card(card_id)
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
+    hosts = workspace.run_hosts(card_id)
     if ctx.json:
         doc = show_json(card, runs, events)
-        hosts = workspace.run_hosts(card_id)
         for run in doc["runs"]:
             run["host"] = hosts.get(run["run_id"])
         ctx.emit_json(doc)
     else:
-        for line in show_text(card, runs, events, times=ctx.times()):
+        shown = hosts if workspace.cluster.clustered else None
+        for line in show_text(card, runs, events, times=ctx.times(), hosts=shown):
             ctx.out(line)
     return 0
 
@@ -384,14 +428,17 @@ def _board_once(ctx: Context) -> int:
     _refresh(ctx, workspace)
     cards = workspace.store.list_cards()
     paused = workspace.store.paused()
+    assignees = _assignees(ctx)
     if ctx.json:
         doc: dict[str, object] = {"paused": paused}
         for status in CardStatus:
             if status is not CardStatus.ARCHIVED:
-                doc[status.value] = [card_json(c) for c in cards if c.status is status]
+                doc[status.value] = [
+                    _listed_json(c, assignees) for c in cards if c.status is status
+                ]
         ctx.emit_json(doc)
     else:
-        for line in board_text(cards, paused=paused, times=ctx.times()):
+        for line in board_text(cards, paused=paused, times=ctx.times(), assignees=assignees):
             ctx.out(line)
     return 0
 
@@ -441,7 +488,7 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
 
 def handle_complete(args: argparse.Namespace, ctx: Context) -> int:
     """The worker's card is done."""
-    workspace = _workspace(ctx)
+    workspace = _report_workspace(ctx)
     card = workspace.board.complete(
         _card_id(args, ctx), _run_id(args, ctx), now=workspace.now(), result=args.result
     )
@@ -451,7 +498,7 @@ def handle_complete(args: argparse.Namespace, ctx: Context) -> int:
 
 def handle_block(args: argparse.Namespace, ctx: Context) -> int:
     """The worker blocks its card."""
-    workspace = _workspace(ctx)
+    workspace = _report_workspace(ctx)
     card = workspace.board.block(
         _card_id(args, ctx),
         _run_id(args, ctx),
@@ -491,7 +538,7 @@ def _until_arg(text: str) -> float:
 
 def handle_review(args: argparse.Namespace, ctx: Context) -> int:
     """The worker hands its card to review."""
-    workspace = _workspace(ctx)
+    workspace = _report_workspace(ctx)
     card = workspace.board.review(_card_id(args, ctx), _run_id(args, ctx), now=workspace.now())
     _print_card(ctx, card.id, card_json(card), f"{card.id} in review")
     return 0

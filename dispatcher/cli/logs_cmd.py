@@ -103,7 +103,7 @@ class _Sink:
         """Nothing is buffered."""
 
 
-def _session_id(runtime: Runtime, given: str, environ: Mapping[str, str]) -> str:
+def session_id_for(runtime: Runtime, given: str, environ: Mapping[str, str]) -> str:
     """A kanban card id (its latest run's session) or run id also names a session."""
     from dispatcher.app.clusterstate import open_cluster_state
     from dispatcher.kanban.lookup import resolve_session_id
@@ -123,7 +123,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError(f"--tail {args.tail}: give a number of lines >= 0")
     runtime = runtime_from_context(ctx)
     registry = runtime.registry
-    session = registry.resolve(_session_id(runtime, args.id, ctx.environ))
+    session = registry.resolve(session_id_for(runtime, args.id, ctx.environ))
     # Everything up to this size is printed now; -f continues from exactly there.
     end = registry.log_size(session.id)
     if end is None:

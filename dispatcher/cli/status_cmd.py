@@ -41,7 +41,13 @@ def _once(args: argparse.Namespace, ctx: Context) -> int:
     times = ctx.times()
     try:
         runtime = runtime_from_context(ctx)
-        doc = status_document(runtime, ctx.environ, now=times.now, fires=args.fires)
+        doc = status_document(
+            runtime,
+            ctx.environ,
+            now=times.now,
+            fires=args.fires,
+            config_loaded=ctx.config_problem is None,
+        )
         doc["cluster"] = cluster_status(ctx.settings, ctx.state_dir, ctx.environ)
     except StateError as err:
         _without_database(ctx, err)
@@ -85,7 +91,9 @@ def _json(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         **doc,
         "serve": serve,
-        "next_cron_fires": [
+        "next_cron_fires": None
+        if doc["next_cron_fires"] is None
+        else [
             {"job_id": f["job_id"], "at": iso(f["at"], f["zone"])} for f in doc["next_cron_fires"]
         ],
         "recent_errors": [{**e, "at": iso(e.get("at"))} for e in doc["recent_errors"]],
@@ -108,20 +116,13 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
         verdict = "applied" if reload["ok"] else "REJECTED, old config kept"
         detail = reload["source"] if reload["ok"] else reload["error"]
         ctx.out(f"reload:     {verdict} {times.both(reload['finished_at'])}: {detail}")
-    placement = ", ".join(f"{k} {v}" for k, v in doc["placement"].items())
-    ctx.out(f"placement:  {placement}")
+    ctx.out(f"placement:  {_placement_text(doc, ctx.config_problem is not None)}")
     kinds = ", ".join(f"{k} {n}" for k, n in doc["workers"]["by_kind"].items()) or "none"
     ctx.out(f"workers:    {doc['workers']['running']} running ({kinds})")
     cards = ", ".join(f"{k} {n}" for k, n in doc["cards"].items() if n) or "none"
     paused = " (claiming paused)" if doc["kanban_paused"] else ""
     ctx.out(f"cards:      {cards}{paused}")
-    fires = doc["next_cron_fires"]
-    if fires:
-        ctx.out("next fires:")
-        for fire in fires:
-            ctx.out(f"  {times.both(fire['at'])}  {fire['job_id']}")
-    else:
-        ctx.out("next fires: none")
+    _fires_lines(ctx, doc, times)
     for line in cluster_lines(doc.get("cluster")):
         ctx.out(line)
     errors = doc["recent_errors"]
@@ -129,3 +130,29 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
         ctx.out("recent errors:")
         for error in errors:
             ctx.out(f"  {times.both(error.get('at'))}  {error['source']}: {error['message']}")
+
+
+def _placement_text(doc: dict[str, Any], config_broken: bool) -> str:
+    """The placement line; without a gateway it says it is the judgement of one under its
+    unit, and with a broken config that the built-in defaults were judged."""
+    text = ", ".join(f"{k} {v}" for k, v in doc["placement"].items())
+    if doc["serve"]["running"]:
+        return text
+    how = "as a gateway under its unit would get it"
+    if config_broken:
+        how += "; built-in defaults judged: config not loaded"
+    return f"{text} ({how})"
+
+
+def _fires_lines(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
+    """The next fires; unknown (never "none") while the config cannot be read."""
+    fires = doc["next_cron_fires"]
+    if fires is None:
+        known = ", ".join(doc.get("cron_jobs_known") or []) or "none"
+        ctx.out(f"next fires: unknown (config not loaded; jobs the state dir knows: {known})")
+    elif fires:
+        ctx.out("next fires:")
+        for fire in fires:
+            ctx.out(f"  {times.both(fire['at'])}  {fire['job_id']}")
+    else:
+        ctx.out("next fires: none")

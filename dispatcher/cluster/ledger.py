@@ -44,6 +44,7 @@ class PgTx(Tx):
         if row is None:
             return None
         self._own([int(row[0])])
+        self.notify_new([int(row[0])])
         return int(row[0])
 
     def insert_many(self, rows: Sequence[dict[str, Any]]) -> list[int]:
@@ -119,6 +120,16 @@ class PgLedger(Ledger):
                 )
             }
         return [r for r in rows if r.status is Status.QUEUED or r.id in mine]
+
+    def fire_hosts(self, row_ids: Sequence[int]) -> dict[int, str | None]:
+        """The host that decided or ran each of these fires (``cron history``)."""
+        if not row_ids:
+            return {}
+        with self.db.read() as conn:
+            rows = conn.execute(
+                "SELECT id, host_id FROM cron_fires WHERE id = ANY(?)", (list(row_ids),)
+            ).fetchall()
+        return {int(row[0]): row[1] for row in rows}
 
     def count_workers(self) -> int:
         if self.stamp is None:

@@ -27,6 +27,7 @@ TABLES: Sequence[tuple[str, str, str | None]] = (
     ("kanban_events", "seq", "seq"),
     ("cron_fires", "id", "id"),
     ("cron_jobs", "job_id", None),
+    ("notify_outbox", "created_at, message_id, channel", None),
 )
 _CHUNK = 1000
 

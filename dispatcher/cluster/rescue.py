@@ -20,6 +20,7 @@ from dispatcher.cluster.board import HostStamp, PgBoardStore
 from dispatcher.cluster.faults import ClusterFault
 from dispatcher.cluster.hosts import Hosts
 from dispatcher.cluster.ledger import LEDGER_LOCK, PgLedger
+from dispatcher.launch.outbox import Subject
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +89,13 @@ class Rescuer:
             lost, taken = PgLedger.rescue_fires(
                 conn, host_id, now=now, heir=self.heir, heir_claimant=self.heir_claimant
             )
+            if self.board.outbox is not None:
+                # In the rescue's transaction: the messages commit with the takeover or not.
+                lost_at = {"host": host_id, "epoch": new_epoch}
+                rescued = lost_at | {"by": self.heir.host_id, "runs": runs}
+                rescued |= {"fires_lost": lost, "fires_taken": taken}
+                for event, fields in (("host.lost", lost_at), ("host.rescued", rescued)):
+                    self.board.outbox.record(conn, event, fields, Subject(), now)
         return Rescued(
             host_id=host_id,
             epoch=new_epoch,

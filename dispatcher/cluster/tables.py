@@ -153,10 +153,31 @@ CREATE INDEX cron_fires_host_open ON cron_fires (host_id) WHERE status != 'done'
 """
 """A host's open runs and fires: its budget, its reconcile and its rescue read only those."""
 
+OUTBOX = """
+CREATE TABLE notify_outbox (
+    message_id text NOT NULL,
+    channel text NOT NULL,
+    event text NOT NULL,
+    created_at double precision NOT NULL,
+    body text NOT NULL,
+    state text NOT NULL,
+    attempts integer NOT NULL DEFAULT 0,
+    next_at double precision NOT NULL,
+    since double precision NOT NULL,
+    claimed_until double precision,
+    last_error text,
+    delivered_at double precision,
+    PRIMARY KEY (message_id, channel)
+);
+CREATE INDEX notify_outbox_due ON notify_outbox (state, next_at);
+"""
+"""The notification outbox (the SQLite ``notify`` component's table)."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
     (3, "the claimant's boot id", "ALTER TABLE kanban_runs ADD COLUMN claimer_boot text;"),
+    (4, "the notification outbox", OUTBOX),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

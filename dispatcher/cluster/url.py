@@ -40,3 +40,17 @@ def check_url(url: str, key: str = "cluster.database", path: str | None = None) 
             remedy="write it as postgresql://USER@HOST:PORT/DBNAME",
         )
     return url
+
+
+def without_password(url: str) -> str:
+    """``url`` with the password left out of its user part and its query (everything else,
+    sslmode included, kept): what may be handed to a worker's environment."""
+    parts = urlsplit(url)
+    if parts.password is None and "password" not in parts.query:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = f"{parts.username}@" if parts.username else ""
+    query = "&".join(
+        item for item in parts.query.split("&") if item and not item.startswith("password=")
+    )
+    return urlunsplit((parts.scheme, user + host, parts.path, query, parts.fragment))

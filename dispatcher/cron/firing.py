@@ -54,6 +54,7 @@ def build_request(job: CronJob, fire_key: str, workplace: Workplace) -> SpawnReq
         pty=job.pty,
         shell=job.shell,
         timeout=job.timeout,
+        resources=job.resources,
         unit_parts=(job.id,),
         labels={"cron_job": job.id, "fire_key": fire_key},
     )

@@ -23,8 +23,10 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.cron import notices
 from dispatcher.cron.abc import LedgerStore, LedgerTx
 from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
+from dispatcher.launch.outbox import Outbox
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
@@ -39,6 +41,8 @@ class Tx(LedgerTx):
     def __init__(self, conn: Any, greatest: str = "max") -> None:
         self.conn = conn
         self.greatest = greatest
+        self.outbox: Outbox | None = None
+        """Where settled fires queue their notification (set by the ledger)."""
 
     def job_states(self, job_ids: Sequence[str] | None = None) -> dict[str, JobState]:
         """The state rows of ``job_ids`` (all when None)."""
@@ -110,7 +114,9 @@ class Tx(LedgerTx):
                     chunk,
                 )
             )
-        return [ids[key] for key in keys]
+        found = [ids[key] for key in keys]
+        self.notify_new(found)
+        return found
 
     def open_rows(self, job_id: str) -> list[FireRecord]:
         """The job's rows that are not done (claimed, spawning, queued, running), oldest first."""
@@ -126,11 +132,19 @@ class Tx(LedgerTx):
             cursor = self.conn.execute(insert_sql(tuple(values)), tuple(values.values()))
         except sqlite3.IntegrityError:
             return None
+        if cursor.lastrowid is not None:
+            self.notify_new([cursor.lastrowid])
         return cursor.lastrowid
+
+    def notify_new(self, row_ids: Sequence[int]) -> None:
+        """Queue the messages of rows inserted already settled (``missed``), in this
+        transaction."""
+        if self.outbox is not None and row_ids:
+            notices.fires(self.conn, self.outbox, row_ids)
 
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set: update the row only if its status is one of ``expect``."""
-        return _update(self.conn, row_id, expect, change.columns())
+        return _update(self.conn, row_id, expect, change.columns(), self.outbox)
 
 
 class Ledger(LedgerStore):
@@ -144,12 +158,16 @@ class Ledger(LedgerStore):
 
     def __init__(self, db: Any) -> None:
         self.db = db
+        self.outbox: Outbox | None = None
+        """Where settled fires queue their notification (None: nobody listens)."""
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
         """One write transaction: every decision of a tick commits (or not) together."""
         with self.db.write() as conn:
-            yield self.TX(conn, self.GREATEST)
+            tx = self.TX(conn, self.GREATEST)
+            tx.outbox = self.outbox
+            yield tx
 
     # -- job state ---------------------------------------------------------------------------
 
@@ -174,6 +192,8 @@ class Ledger(LedgerStore):
                     " paused_at = excluded.paused_at, updated_at = excluded.updated_at",
                     (job_id, now, now),
                 )
+                if self.outbox is not None:
+                    notices.paused(conn, self.outbox, job_id, now)
             else:
                 conn.execute(
                     "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"  # noqa: S608
@@ -205,7 +225,7 @@ class Ledger(LedgerStore):
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set on the status (see :meth:`Tx.update`), in its own transaction."""
         with self.db.write() as conn:
-            return _update(conn, row_id, expect, change.columns())
+            return _update(conn, row_id, expect, change.columns(), self.outbox)
 
     def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
         """Rows that are not done (optionally only these statuses), oldest first."""
@@ -366,7 +386,11 @@ def insert_sql(names: tuple[str, ...]) -> str:
 
 
 def _update(
-    conn: sqlite3.Connection, row_id: int, expect: Sequence[Status], values: dict[str, Any]
+    conn: sqlite3.Connection,
+    row_id: int,
+    expect: Sequence[Status],
+    values: dict[str, Any],
+    outbox: Outbox | None = None,
 ) -> bool:
     for name in values:
         if name not in COLUMNS or name == "id":
@@ -377,4 +401,8 @@ def _update(
         f"UPDATE cron_fires SET {assignments} WHERE id = ? AND status IN ({marks})",  # noqa: S608
         (*values.values(), row_id, *(s.value for s in expect)),
     )
-    return cursor.rowcount == 1
+    changed = cursor.rowcount == 1
+    if changed and outbox is not None and values.get("status") == Status.DONE:
+        # In the settle's own transaction: the message commits with the outcome or not at all.
+        notices.fires(conn, outbox, [row_id])
+    return changed

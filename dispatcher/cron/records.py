@@ -56,6 +56,7 @@ FAILURE_OUTCOMES = frozenset(
         Outcome.SPAWN_REFUSED,
         Outcome.TEMPFAIL,
         Outcome.CONFIG_ERROR,
+        Outcome.OOM_KILLED,
     }
 )
 """Outcomes after which a job's ``on_failure`` command runs."""

@@ -13,6 +13,7 @@ from dispatcher.commonsettings import (
     env_file_setting,
     env_setting,
     pty_setting,
+    resources_setting,
     shell_setting,
 )
 from dispatcher.cron.crontab import parse as parse_crontab
@@ -31,6 +32,7 @@ from scope.foundation.schema import (
     Zone,
     setting,
 )
+from scope.resources import ScopeProperties
 
 
 class OverlapPolicy(enum.StrEnum):
@@ -113,6 +115,7 @@ class CronJob:
     )
     enabled: bool = setting(True, kind=Bool(), doc="Disabled jobs never fire.")
     pty: bool = pty_setting()
+    resources: ScopeProperties = resources_setting()
     on_failure: tuple[str, ...] | None = setting(
         None,
         kind=Optional(Argv()),

@@ -21,18 +21,37 @@ from dispatcher.cron.zones import host_zone_name
 from dispatcher.gateway.lock import read_holder
 from dispatcher.gateway.reload import read_reload
 from dispatcher.gateway.statusfile import read_status
+from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.store import SqlDatabase
+from dispatcher.kanban.views import unconfigured
 from scope.abc import CallerKind
 from scope.errors import ScopeUnavailable
 from scope.foundation.errors import DispatchError
 
-FAILED_OUTCOMES = ("failed", "timed_out", "lost", "failed_start", "spawn_refused", "config_error")
+FAILED_OUTCOMES = (
+    "failed",
+    "timed_out",
+    "lost",
+    "failed_start",
+    "spawn_refused",
+    "config_error",
+    "oom_killed",
+)
 
 
 def status_document(
-    runtime: Runtime, environ: Mapping[str, str], *, now: float | None = None, fires: int = 5
+    runtime: Runtime,
+    environ: Mapping[str, str],
+    *,
+    now: float | None = None,
+    fires: int = 5,
+    config_loaded: bool = True,
 ) -> dict[str, Any]:
-    """Everything ``dispatch status`` shows, as plain data (timestamps as epoch seconds)."""
+    """Everything ``dispatch status`` shows, as plain data (timestamps as epoch seconds).
+
+    ``config_loaded`` False (a read-only view of a broken config): the next fires cannot be
+    known (``next_cron_fires`` is None) and ``cron_jobs_known`` names the jobs the ledger has
+    seen instead, so the view never claims that nothing will fire."""
     now = time.time() if now is None else now
     state_dir = runtime.state_dir
     holder = read_holder(state_dir)
@@ -59,8 +78,12 @@ def status_document(
             "workers": {"running": len(sessions), "by_kind": dict(sorted(workers.items()))},
             "cards": cards,
             "kanban_paused": store.paused(),
-            "next_cron_fires": _next_fires(runtime, state.ledger, environ, now, fires),
-            "recent_errors": _recent_errors(store.db, served.recent_errors if served else []),
+            "next_cron_fires": _next_fires(runtime, state.ledger, environ, now, fires)
+            if config_loaded
+            else None,
+            "cron_jobs_known": None if config_loaded else _known_jobs(state.ledger),
+            "recent_errors": (_unconfigured(store, runtime) if config_loaded else [])
+            + _recent_errors(store.db, served.recent_errors if served else []),
         }
 
 
@@ -101,6 +124,27 @@ def _next_fires(
             found.append({"job_id": job.id, "at": at, "zone": plan.zone})
     found.sort(key=lambda item: (item["at"], item["job_id"]))
     return found[:count]
+
+
+def _unconfigured(store: BoardStore, runtime: Runtime) -> list[dict[str, Any]]:
+    """A standing problem per card whose assignee the config does not name (it is never
+    spawned); shown first, since it lasts until someone fixes the config or the card."""
+    assignees = runtime.settings.kanban.assignees
+    return [
+        {
+            "at": card.updated_at,
+            "level": "error",
+            "source": "kanban",
+            "message": f"card {card.id}: assignee {card.assignee!r} is not configured",
+        }
+        for card in store.list_cards()
+        if unconfigured(card, assignees)
+    ]
+
+
+def _known_jobs(ledger: Ledger) -> list[str]:
+    """The cron jobs the ledger has seen (a state or a fire), sorted."""
+    return sorted(set(ledger.job_states()) | set(ledger.last_rows()))
 
 
 def _recent_errors(db: SqlDatabase, served: list[dict[str, Any]], limit: int = 10) -> list[Any]:

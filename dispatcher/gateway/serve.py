@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.app.clusterstate import ClusterState
+from dispatcher.app.reports import spawn_environ
 from dispatcher.app.runtime import Runtime, open_runtime
 from dispatcher.app.wake import WakeSocket
 from dispatcher.config import load_config
@@ -51,6 +52,7 @@ from dispatcher.gateway.reload import ReloadRecord, write_reload
 from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.tick import KanbanDispatcher
+from dispatcher.notify.live import Notifications
 from dispatcher.settings import Settings
 from registry.abc import OwnerKind, Session, SessionState
 from registry.errors import StateError
@@ -95,6 +97,7 @@ class Gateway:
         self._runtime: Runtime | None = None
         self._cron: CronScheduler | None = None
         self._cron_waker: CronWaker | None = None
+        self._notify: Notifications | None = None
         self._kanban: KanbanDispatcher | None = None
         self._store: SqlBoardStore | None = None
         self._cluster: ClusterState | None = None
@@ -258,6 +261,9 @@ class Gateway:
             ledger=self._cluster.ledger,
         )
         self._cron_waker = CronWaker(self._cron)
+        assert self._cluster.outbox is not None
+        store = self._cluster.notify_store()
+        self._notify = Notifications(self.settings.notify, self._cluster.outbox, store)
         self._adopt_at_start(runtime)
         self._member.start(self._cron)
         runtime.registry.prune()
@@ -293,7 +299,7 @@ class Gateway:
             state_dir=self.state_dir,
             caller=CallerKind.KANBAN,
             config_path=self.config_path,
-            environ=self.environ,
+            environ=spawn_environ(settings, self.environ),
             scoper=self._runtime.scoper,
             adopt=False,
         )
@@ -439,6 +445,8 @@ class Gateway:
         started = self.clock.time()
         try:
             loaded = load_config(self.config_path)
+            if self._notify is not None:  # a bad secret file rejects the reload, changing nothing
+                self._notify.apply(loaded.settings.notify)
         except DispatchError as err:
             log.error("%s %s", REJECTED, err)
             self._record_reload(started, error=err.message)
@@ -469,6 +477,8 @@ class Gateway:
         self._reloads += 1
         if error is None:
             self.errors.forget(REJECTED)
+        elif self._notify is not None:
+            self._notify.event("reload.rejected", {"error": error}, self.clock.time())
         record = ReloadRecord(
             pid=os.getpid(),
             generation=self._reloads,
@@ -496,6 +506,8 @@ class Gateway:
             except Exception:
                 log.exception("stopping cron failed")
         self._member.stop()
+        if self._notify is not None:
+            self._notify.close()
         runtime = self._runtime
         if runtime is None:
             return

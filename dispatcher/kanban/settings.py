@@ -12,11 +12,13 @@ from dispatcher.commonsettings import (
     env_file_setting,
     env_setting,
     pty_setting,
+    resources_setting,
     shell_setting,
 )
 from dispatcher.launch.retry import RetryPolicy
 from scope.foundation.errors import Invalid
 from scope.foundation.schema import Bool, Duration, Int, MapOf, Optional, Record, setting
+from scope.resources import ScopeProperties
 
 FAILURE_LIMIT_DEFAULT = 2
 """``kanban.failure_limit`` when not configured."""
@@ -45,6 +47,7 @@ class Assignee:
         kind=Optional(Record(RetryPolicy)),
         doc="This assignee's retry policy (default: kanban.retry).",
     )
+    resources: ScopeProperties = resources_setting()
 
     def check(self) -> None:
         """String commands need shell."""

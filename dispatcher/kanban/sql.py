@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from dispatcher.kanban import rules
+from dispatcher.kanban import notices, rules
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.model import Card, EventKind, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, card_of, db_value, run_of
+from dispatcher.launch.outbox import Outbox
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
@@ -66,6 +67,8 @@ class SqlBoard(BoardStore):
 
     def __init__(self, db: SqlDatabase) -> None:
         self.db = db
+        self.outbox: Outbox | None = None
+        """Where routed events queue their notification (None: nobody listens)."""
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -73,8 +76,8 @@ class SqlBoard(BoardStore):
     def _bump(conn: SqlConnection) -> None:
         conn.execute("UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version'")
 
-    @staticmethod
     def _event(
+        self,
         conn: SqlConnection,
         card_id: str,
         kind: EventKind,
@@ -86,6 +89,9 @@ class SqlBoard(BoardStore):
             "INSERT INTO kanban_events (card_id, run_id, kind, at, data) VALUES (?, ?, ?, ?, ?)",
             (card_id, run_id, kind.value, now, json.dumps(dict(data), default=str)),
         )
+        if self.outbox is not None:
+            # Same connection, same transaction: the message commits with its event or not at all.
+            notices.record(self.outbox, conn, card_id, kind, data, now, run_id)
 
     @staticmethod
     def _update(conn: SqlConnection, card_id: str, fields: Mapping[str, Any], now: float) -> None:

@@ -43,6 +43,7 @@ COUNTED = frozenset(
         Outcome.LOST,
         Outcome.FAILED_START,
         Outcome.CONFIG_ERROR,
+        Outcome.OOM_KILLED,
     }
 )
 """Outcomes that count toward the breaker."""

@@ -6,7 +6,7 @@ and whole seconds, signals are names or null.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
@@ -139,8 +139,26 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def card_table(cards: Sequence[Card], *, times: TimeView | None = None) -> list[str]:
-    """``list`` as aligned lines; UPDATED is relative (``3h ago``), for scanning."""
+UNCONFIGURED_NOTE = "[assignee not configured]"
+"""Marks a card that still needs an assignee the config no longer names."""
+
+
+def unconfigured(card: Card, assignees: Collection[str] | None) -> bool:
+    """Whether ``card`` waits for (or runs under) an assignee not in ``assignees`` (None: the
+    config is not loaded, so nothing can be said). Done and archived cards need none."""
+    if assignees is None or card.status in (CardStatus.DONE, CardStatus.ARCHIVED):
+        return False
+    return card.assignee not in assignees
+
+
+def card_table(
+    cards: Sequence[Card],
+    *,
+    times: TimeView | None = None,
+    assignees: Collection[str] | None = None,
+) -> list[str]:
+    """``list`` as aligned lines; UPDATED is relative (``3h ago``), for scanning. A card
+    whose assignee is not among ``assignees`` ends with :data:`UNCONFIGURED_NOTE`."""
     view = times or TimeView.local()
     lines = [
         f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'FAILS':>5}  "
@@ -154,6 +172,7 @@ def card_table(cards: Sequence[Card], *, times: TimeView | None = None) -> list[
             f"{card.id:<12}  {status:<8}  {card.priority:>4}  {_cut(card.assignee, 12):<12}  "
             f"{card.consecutive_failures:>5}  {view.ago(card.updated_at):<10}  "
             f"{_cut(card.title, 60)}{backing_off(card, view.now)}"
+            + (f"  {UNCONFIGURED_NOTE}" if unconfigured(card, assignees) else "")
         )
     return lines
 
@@ -176,9 +195,15 @@ def sorted_cards(cards: Sequence[Card], key: str, limit: int | None = None) -> l
 
 
 def show_text(
-    card: Card, runs: Sequence[Run], events: Sequence[Event], *, times: TimeView | None = None
+    card: Card,
+    runs: Sequence[Run],
+    events: Sequence[Event],
+    *,
+    times: TimeView | None = None,
+    hosts: Mapping[str, str | None] | None = None,
 ) -> list[str]:
-    """``show`` as text: fields, runs, events (times as ``times`` shows them)."""
+    """``show`` as text: fields, runs, events (times as ``times`` shows them). ``hosts``
+    (cluster mode): each run's host, shown after its placement (``host alpha``)."""
     view = times or TimeView.local()
     short = view.at
     lines = [
@@ -219,6 +244,7 @@ def show_text(
         lines.append(
             f"  {run.run_id}  #{run.attempt}  {short(run.claimed_at)}  {detail:<24}  "
             f"{run.session_id or '-'}  {run.placement or '-'}"
+            + (f"  host {hosts.get(run.run_id) or '-'}" if hosts is not None else "")
         )
     lines.append("events")
     for event in events:
@@ -250,8 +276,15 @@ def backing_off(card: Card, now: float) -> str:
     return f" [backing off, next try {relative(card.retry_at, now)}]"
 
 
-def board_text(cards: Sequence[Card], *, paused: bool, times: TimeView | None = None) -> list[str]:
-    """A compact view by status (the newest done cards only)."""
+def board_text(
+    cards: Sequence[Card],
+    *,
+    paused: bool,
+    times: TimeView | None = None,
+    assignees: Collection[str] | None = None,
+) -> list[str]:
+    """A compact view by status (the newest done cards only); unconfigured assignees marked
+    as in :func:`card_table`."""
     view = times or TimeView.local()
     lines = ["claiming is PAUSED ('dispatch kanban resume' to resume)"] if paused else []
     for status in BOARD_ORDER:
@@ -267,6 +300,8 @@ def board_text(cards: Sequence[Card], *, paused: bool, times: TimeView | None = 
             elif status is CardStatus.BLOCKED:
                 note = " [breaker]"
             note += backing_off(card, view.now)
+            if unconfigured(card, assignees):
+                note += f" {UNCONFIGURED_NOTE}"
             lines.append(
                 f"  {card.id}  p{card.priority:<3} {_cut(card.assignee, 12):<12} "
                 f"{_cut(card.title, 56)}{note}"

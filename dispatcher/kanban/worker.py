@@ -109,6 +109,7 @@ def spawn_request(card: Card, run: Run, assignee: Assignee, ctx: WorkerContext) 
         caller=ctx.caller,
         pty=assignee.pty,
         timeout=assignee.timeout,
+        resources=assignee.resources,
         unit_parts=(card.id, run.run_id),
         wants_isolation=True,
         labels={"card_id": card.id, "run_id": run.run_id, "assignee": card.assignee},

@@ -7,7 +7,8 @@ never became a worker), ``tempfail``/``config_error``/``reclaimed`` matter most 
 and the rest (a worker's end, a refused spawn) mean the same whoever launched the worker.
 
 :func:`outcome_of` is the single reading of a finished session: exit 0 is ``completed``, 75
-(EX_TEMPFAIL) ``tempfail``, 78 (EX_CONFIG) ``config_error``, any other exit or a signal
+(EX_TEMPFAIL) ``tempfail``, 78 (EX_CONFIG) ``config_error``, SIGKILL with an OOM kill counted
+in the worker's own scope (and no kill by the registry) ``oom_killed``, any other exit or a signal
 ``failed``; the session states ``timed_out``, ``lost`` and ``failed_start`` carry over.
 """
 
@@ -63,6 +64,8 @@ class Outcome(enum.StrEnum):
     MISSED = "missed"
     COALESCED = "coalesced"
     QUEUED = "queued"
+    OOM_KILLED = "oom_killed"
+    """The kernel's OOM killer ended the worker at its scope's memory_max (counted)."""
 
 
 CRON_DECISIONS = frozenset(
@@ -91,6 +94,7 @@ def outcome_of(session: Session) -> Result:
     # Imported here: the board's vocabulary (which imports this module) is read by commands
     # that never see a session, and the registry's records cost start-up time.
     from registry.abc import SessionState
+    from registry.usage import oom_reason
 
     state = session.state
     reason = session.completion_reason
@@ -112,6 +116,14 @@ def outcome_of(session: Session) -> Result:
     if state is SessionState.LOST:
         text = reason or "the keeper vanished without an exit record"
         return replace(seen, outcome=Outcome.LOST, error=text)
+    oom = oom_reason(
+        exited=state is SessionState.EXITED,
+        signal=session.signal,
+        exit_code=session.exit_code,
+        usage=session.usage,
+    )
+    if oom is not None:
+        return replace(seen, outcome=Outcome.OOM_KILLED, error=oom)
     if session.signal is not None or state is SessionState.KILLED:
         text = reason or (f"killed by {session.signal}" if session.signal else "killed")
         return replace(seen, outcome=Outcome.FAILED, error=text)

@@ -69,6 +69,7 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         local_host=source.host_id,
         failure_limit=kanban.failure_limit,
         hosts=source.run_hosts(running) if source.cluster_configured else None,
+        assignees=frozenset(source.settings.kanban.assignees),
     )
     context = site.context(request, title="Board", nav="board", stream=f"/live/board?after={seq}")
     context.update(

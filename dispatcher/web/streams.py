@@ -111,6 +111,7 @@ def board_payload(site: Site, events: tuple[Event, ...] | list[Event], seq: int)
         local_host=source.host_id,
         failure_limit=source.settings.kanban.failure_limit,
         hosts=source.run_hosts(running) if source.cluster_configured else None,
+        assignees=frozenset(source.settings.kanban.assignees),
     )
     now = time.time()
     return {

@@ -8,11 +8,11 @@ done cards come newest first, one page at a time, and a very long column shows i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
-from dispatcher.kanban.views import BOARD_ORDER
+from dispatcher.kanban.views import BOARD_ORDER, unconfigured
 
 DONE_PAGE = 50
 """Done cards per page of the board."""
@@ -45,6 +45,8 @@ class Tile:
     """A ``todo`` card's parents (what it waits for; the tile links them)."""
     retry_at: float | None = None
     """A ``ready`` card backing off or deferred: when its next try may start."""
+    unconfigured: bool = False
+    """The card needs an assignee the loaded config does not name (it will not be claimed)."""
     rank: str
     """Sorts the column's tiles as the board orders them (text order)."""
 
@@ -81,8 +83,16 @@ def run_host(run: Run, hosts: Mapping[str, str | None], local: str) -> str:
     return hosts.get(run.run_id) or local
 
 
-def tile(card: Card, run: Run | None, *, host: str | None, failure_limit: int) -> Tile:
-    """A card as the board shows it (``run``: its open run, if any, claimed on ``host``)."""
+def tile(
+    card: Card,
+    run: Run | None,
+    *,
+    host: str | None,
+    failure_limit: int,
+    assignees: Collection[str] | None = None,
+) -> Tile:
+    """A card as the board shows it (``run``: its open run, if any, claimed on ``host``;
+    ``assignees``: the configured ones, None when unknown)."""
     return Tile(
         id=card.id,
         title=card.title,
@@ -100,6 +110,7 @@ def tile(card: Card, run: Run | None, *, host: str | None, failure_limit: int) -
         host=host if run else None,
         waits_for=card.parents if card.status is CardStatus.TODO else (),
         retry_at=card.retry_at if card.status is CardStatus.READY else None,
+        unconfigured=unconfigured(card, assignees),
         rank=rank(card),
     )
 
@@ -111,14 +122,16 @@ def tiles(
     local_host: str,
     failure_limit: int,
     hosts: Mapping[str, str | None] | None = None,
+    assignees: Collection[str] | None = None,
 ) -> list[Tile]:
-    """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host)."""
+    """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host);
+    a card whose assignee is not among ``assignees`` is marked."""
     open_runs = {run.run_id: run for run in runs if run.open}
     found = []
     for card in cards:
         run = open_runs.get(card.current_run_id or "")
         host = run_host(run, hosts or {}, local_host) if run else None
-        found.append(tile(card, run, host=host, failure_limit=failure_limit))
+        found.append(tile(card, run, host=host, failure_limit=failure_limit, assignees=assignees))
     return found
 
 

@@ -40,6 +40,7 @@ from typing import Any
 from registry.abc import SessionState
 from registry.errors import RegistryError
 from registry.store.database import ensure_private_dir
+from registry.usage import Usage
 
 __all__ = [
     "ExitRecord",
@@ -97,6 +98,8 @@ class ExitRecord:
     writer: str = "keeper"
     final: bool = False
     """True once the keeper stopped capturing (no later rewrite will come)."""
+    usage: Usage | None = None
+    """What the worker used (the keeper reads its scope's counters when the worker ends)."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ExitRecord:
@@ -112,6 +115,7 @@ class ExitRecord:
             dropped_bytes=int(data.get("dropped_bytes") or 0),
             writer=str(data.get("writer") or "keeper"),
             final=bool(data.get("final")),
+            usage=Usage.from_json(data.get("usage")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -128,6 +132,7 @@ class ExitRecord:
             "dropped_bytes": self.dropped_bytes,
             "writer": self.writer,
             "final": True,
+            "usage": self.usage.to_json() if self.usage is not None else None,
         }
 
 

@@ -466,6 +466,8 @@ class Keeper:
         self.log_path = f"{self.dir}/output.log"
         self.times_path = f"{self.dir}/output.times"
         self.exit_path = f"{self.dir}/exit.json"
+        self.usage: dict[str, Any] = {}
+        """What the worker used (see :func:`cgroup_usage`; ``cpu_time`` from ``wait4``)."""
         self.info_path = f"{self.dir}/keeper.json"
         self.fifo_path = f"{self.dir}/stdin"
         self.session = str(spec.get("session", ""))
@@ -946,14 +948,21 @@ class Keeper:
                 self.signal_group(sig)
 
     def reap(self) -> None:
-        """Collect the worker's status if it ended (never blocks)."""
+        """Collect the worker's status if it ended (never blocks), with what it used."""
+        used: dict[str, Any] = {}
         try:
-            pid, status = posix.waitpid(self.worker_pid, posix.WNOHANG)
+            pid, status, rusage = posix.wait4(self.worker_pid, posix.WNOHANG)
+            if pid == self.worker_pid:
+                # The worker and the descendants it waited for; ru_maxrss is in KiB.
+                used["cpu_time"] = round(rusage.ru_utime + rusage.ru_stime, 3)
+                used["max_rss"] = int(rusage.ru_maxrss) * 1024
         except ChildProcessError:
             pid, status = self.worker_pid, 0
         if pid == self.worker_pid:
             self.status = status
             self.finished_at = time.time()
+            # Read while the scope still holds its counters (we are in it until we exit).
+            self.usage = {**cgroup_usage(self.session), **used}
 
     def take_stdin(self, poller: select.poll) -> None:
         """PTY mode: FIFO bytes are buffered for the PTY master (the FIFO pauses when full)."""
@@ -1035,6 +1044,7 @@ class Keeper:
             "worker_start": self.worker_start,
             "keeper_pid": posix.getpid(),
             "writer": "keeper",
+            "usage": self.usage,
         }
 
     def write_record(self, *, final: bool = False, **fields: Any) -> None:
@@ -1166,6 +1176,116 @@ def _own_scope_pids(session: str) -> list[int]:
         return []
     try:
         return [int(x) for x in _read_all(fd).split()]
+    finally:
+        posix.close(fd)
+
+
+# -- what the worker used (cgroup counters) -----------------------------------------------------
+
+_NO_LIMIT = 2**62
+"""cgroup v1 spells "no limit" as a huge page-aligned number; anything above this is none."""
+
+
+def cgroup_usage(session: str, proc: str = "/proc", root: str = "") -> dict[str, Any]:
+    """The OOM kills, peak memory and memory limit of our own scope's cgroup.
+
+    Only our own scope counts (its leaf carries the session id): in a shared cgroup an OOM
+    kill of somebody else's process must not read as ours. cgroup v2 (``memory.events``
+    ``oom_kill``/``oom_group_kill``, ``memory.peak``, ``memory.max``) is preferred; on v1 the
+    memory controller's cgroup must be the same path as the scope's (``memory.oom_control``
+    ``oom_kill``, ``memory.max_usage_in_bytes``, ``memory.limit_in_bytes``). ``root`` prefixes
+    the mount points (tests use a fake tree). Empty when nothing could be read."""
+    membership = _text(f"{proc}/self/cgroup")
+    mounts = _text(f"{proc}/self/mountinfo")
+    if membership is None or mounts is None:
+        return {}
+    paths: dict[str, str] = {}
+    for line in membership.splitlines():
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        for name in controllers.split(",") if controllers else [""]:
+            paths[name] = path
+    scope_path = paths.get("") or paths.get("name=systemd") or ""
+    leaf = scope_path.rsplit("/", 1)[-1]
+    token = session.removeprefix("s_")
+    if not (leaf.endswith(".scope") and token and token in leaf):
+        return {}
+    v2, v1 = _cgroup_mounts(mounts)
+    if v2 is not None and "" in paths:
+        found = _v2_usage(f"{root}{v2}{paths['']}")
+        if found:
+            return found
+    if v1 is not None and paths.get("memory") == scope_path:
+        return _v1_usage(f"{root}{v1}{scope_path}")
+    return {}
+
+
+def _cgroup_mounts(mountinfo: str) -> tuple[str | None, str | None]:
+    """(the cgroup2 mount, the v1 memory controller's mount) from ``/proc/self/mountinfo``."""
+    v2 = v1 = None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, kind = left.split(), right.split()
+        if not sep or len(fields) < 5 or fields[3] != "/" or not kind:
+            continue
+        where = fields[4].replace("\\040", " ")
+        if kind[0] == "cgroup2":
+            v2 = where
+        elif kind[0] == "cgroup" and len(kind) > 2 and "memory" in kind[2].split(","):
+            v1 = where
+    return v2, v1
+
+
+def _v2_usage(directory: str) -> dict[str, Any]:
+    events = _text(f"{directory}/memory.events")
+    if events is None:
+        return {}
+    counts = _counters(events)
+    found: dict[str, Any] = {
+        "cgroup": "v2",
+        "oom_kills": max(counts.get("oom_kill", 0), counts.get("oom_group_kill", 0)),
+    }
+    found["memory_peak"] = _number(_text(f"{directory}/memory.peak"))
+    found["memory_max"] = _number(_text(f"{directory}/memory.max"))
+    return found
+
+
+def _v1_usage(directory: str) -> dict[str, Any]:
+    control = _text(f"{directory}/memory.oom_control")
+    if control is None:
+        return {}
+    found: dict[str, Any] = {"cgroup": "v1", "oom_kills": _counters(control).get("oom_kill", 0)}
+    found["memory_peak"] = _number(_text(f"{directory}/memory.max_usage_in_bytes"))
+    found["memory_max"] = _number(_text(f"{directory}/memory.limit_in_bytes"))
+    return found
+
+
+def _counters(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            out[name] = int(value)
+    return out
+
+
+def _number(text: str | None) -> int | None:
+    """A byte count from a cgroup file ("max" or a v1 "unlimited" value: None)."""
+    value = (text or "").strip()
+    if not value.isdigit() or int(value) >= _NO_LIMIT:
+        return None
+    return int(value)
+
+
+def _text(path: str) -> str | None:
+    try:
+        fd = posix.open(path, posix.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return _read_all(fd).decode(errors="replace")
+    except OSError:
+        return None
     finally:
         posix.close(fd)
 

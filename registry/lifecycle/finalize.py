@@ -20,6 +20,7 @@ from registry.lifecycle.parts import Parts
 from registry.lifecycle.view import Viewer
 from registry.store.events import EventDraft
 from registry.store.sessions import Counted, FinalFields, StoredSession
+from registry.usage import oom_reason
 
 __all__ = ["Finalizer"]
 
@@ -133,6 +134,14 @@ class Finalizer:
             # with its own code (the kill merely raced it).
             state = intent.state
             reason = f"{intent.reason} ({record.reason})"
+        oom = oom_reason(
+            exited=state is SessionState.EXITED,
+            signal=record.signal,
+            exit_code=record.exit_code,
+            usage=record.usage,
+        )
+        if oom is not None:
+            reason = oom
         started = None
         if stored.session.started_at is None and record.started_at is not None:
             started = record.started_at
@@ -145,6 +154,7 @@ class Finalizer:
             total_bytes=int(record.total_bytes or 0),
             dropped_bytes=int(record.dropped_bytes or 0),
             started_at=started,
+            usage=record.usage,
         )
 
     def published(self, session: Session, event: Event | None) -> None:

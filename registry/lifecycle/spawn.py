@@ -214,6 +214,7 @@ class Spawner:
                     stderr=err_fd,
                     gated=True,
                     start_new_session=True,
+                    resources=request.resources,
                 ),
                 request.caller,
                 wants_isolation=request.wants_isolation,

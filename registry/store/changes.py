@@ -9,10 +9,12 @@ start facts (:class:`Started`), late byte counts (:class:`Counted`), the final s
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from registry.abc import SessionState
+from registry.usage import Usage
 from scope.abc import Placement
 
 __all__ = [
@@ -111,10 +113,13 @@ class FinalFields:
     dropped_bytes: int
     started_at: float | None = None
     """Set only when the row has no start time yet (None: left as it is)."""
+    usage: Usage | None = None
+    """What the worker used (the keeper's reading; None: none)."""
 
     def columns(self) -> dict[str, Any]:
         """The columns this change sets."""
         found: dict[str, Any] = {
+            "usage": json.dumps(self.usage.to_json()) if self.usage is not None else None,
             "state": self.state,
             "exit_code": self.exit_code,
             "signal": self.signal,

@@ -38,6 +38,7 @@ from registry.store.database import StateDB
 from registry.store.events import EventDraft, EventStore
 from registry.store.retention import due_for_pruning
 from registry.store.tables import COMPONENT
+from registry.usage import Usage
 from scope.abc import CallerKind, Placement
 
 __all__ = [
@@ -93,10 +94,10 @@ _COLUMNS = (
     " exit_code, signal, completion_reason, total_bytes, dropped_bytes, timeout, output_chars,"
     " labels, warning, kill_state, kill_reason, kill_requested_at, notify, heartbeat,"
     " heartbeat_liveness, hb_offset, hb_at, watch, watch_state, emitter, handoff_note,"
-    " handoff_from, kill_signalled_at"
+    " handoff_from, kill_signalled_at, usage"
 )
 
-_MARKS = ", ".join("?" * 42)
+_MARKS = ", ".join("?" * 43)
 
 
 def _watch_of(text: str | None) -> tuple[WatchPattern, ...]:
@@ -148,6 +149,7 @@ def _row_to_stored(row: sqlite3.Row) -> StoredSession:
         watch=_watch_of(row["watch"]),
         handoff_note=row["handoff_note"],
         handoff_from=Owner.parse(row["handoff_from"]) if row["handoff_from"] else None,
+        usage=Usage.from_json(json.loads(row["usage"] or "{}")),
     )
     return StoredSession(
         session=session,
@@ -225,6 +227,7 @@ class SessionStore:
                     None,
                     session.handoff_note,
                     str(session.handoff_from) if session.handoff_from else None,
+                    None,
                     None,
                 ),
             )

@@ -106,6 +106,11 @@ COMPONENT = Component(
             " ON registry_sessions (owner_kind, owner_id, created_at);",
             note="sessions by owner",
         ),
+        Migration(
+            version=4,
+            apply="ALTER TABLE registry_sessions ADD COLUMN usage TEXT;",
+            note="what a finished worker used (OOM kills, peak memory, CPU time)",
+        ),
     ],
 )
 """The registry's tables; listed in :func:`dispatcher.app.database.components`."""

@@ -24,9 +24,11 @@ from scope.foundation.errors import ConfigError, Invalid
 from scope.foundation.text import quote
 from scope.foundation.values import (
     format_duration,
+    format_percentage,
     format_size,
     load_zone_info,
     parse_duration,
+    parse_percentage,
     parse_size,
 )
 
@@ -160,6 +162,26 @@ class Size(Kind):
 
     def dump(self, value: Any) -> Any:
         return format_size(value)
+
+
+class Percent(Kind):
+    """A percentage written with its sign (``"150%"``), within bounds; converted to a float."""
+
+    label = "percentage"
+
+    def __init__(self, min: float = 0.0, max: float | None = None) -> None:
+        self.min, self.max = min, max
+
+    def convert(self, value: Any) -> Any:
+        percent = parse_percentage(value)
+        if percent < self.min:
+            raise Invalid(f"must be at least {format_percentage(self.min)}, got {quote(value)}")
+        if self.max is not None and percent > self.max:
+            raise Invalid(f"must be at most {format_percentage(self.max)}, got {quote(value)}")
+        return percent
+
+    def dump(self, value: Any) -> Any:
+        return format_percentage(value)
 
 
 class Choice(Kind):

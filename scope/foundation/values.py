@@ -1,5 +1,5 @@
 """Parsers and printers for the values users write in config files and flags: durations, sizes,
-ISO-8601 times and time zone names.
+percentages, ISO-8601 times and time zone names.
 
 Every parser accepts exactly its ASCII grammar (see :mod:`scope.foundation.text`), bounds the
 result so later date arithmetic cannot overflow, and raises
@@ -152,6 +152,31 @@ def format_size(size: int) -> str:
         if size and size % factor == 0:
             return f"{size // factor}{unit}"
     return str(size)
+
+
+# --- percentages -----------------------------------------------------------------------------
+
+_PERCENT = re.compile(r"([0-9]{1,9})(?:\.([0-9]{1,2}))?[ \t]*%")
+_PERCENT_HINT = 'write a number with a percent sign, e.g. "150%" or "12.5%"'
+
+
+def parse_percentage(value: Any) -> float:
+    """A percentage from a string such as ``150%`` or ``12.5%`` (at most two decimals, so
+    it is an exact count of hundredths of a percent). A bare number is refused: ``150`` could
+    mean a share, a percentage or a fraction, so the sign is required."""
+    if not isinstance(value, str) or isinstance(value, bool):
+        raise Invalid(f"expected a percentage, got {quote(value)}; {_PERCENT_HINT}")
+    text = strip_blanks(value)
+    match = _PERCENT.fullmatch(text) if text.isascii() else None
+    if match is None:
+        raise Invalid(f"invalid percentage {quote(value)}; {_PERCENT_HINT}")
+    hundredths = int(match.group(1)) * 100 + int((match.group(2) or "").ljust(2, "0"))
+    return hundredths / 100
+
+
+def format_percentage(percent: float) -> str:
+    """``150%``-style spelling (two decimals at most; parses back to ``percent``)."""
+    return f"{round(percent, 2):g}%"
 
 
 # --- ISO-8601 times --------------------------------------------------------------------------

@@ -131,6 +131,8 @@ class PrivateCgroup:
         try:
             for procs in made.join_files():
                 procs.parent.mkdir(parents=True, exist_ok=True)
+            for top in made.delegated_v1():
+                top.mkdir(exist_ok=True)
         except OSError:
             made.remove()
             raise
@@ -160,6 +162,20 @@ class PrivateCgroup:
             if entry.fstype == "cgroup" and "name=systemd" in entry.super_options.split(","):
                 files.append(entry.mount_point / self.name / "init.scope" / "cgroup.procs")
         return files
+
+    def delegated_v1(self) -> list[Path]:
+        """``/<name>`` in the v1 memory hierarchy (hybrid hosts): the memory controller's grant.
+
+        A user manager on a hybrid host uses a v1 controller only where its own root
+        (``/<name>``, from ``name=systemd``) exists and is writable in that controller's
+        hierarchy; without it ``MemoryMax=`` is recorded on the unit but never enforced. Only
+        the manager's units move there; the manager itself stays where it was started.
+        """
+        return [
+            entry.mount_point / self.name
+            for entry in _cgroup_mounts()
+            if entry.fstype == "cgroup" and "memory" in entry.super_options.split(",")
+        ]
 
     def pids(self) -> list[int]:
         """Every pid anywhere in the subtree (cgroup2 view)."""

@@ -1,0 +1,247 @@
+"""Delivering from the outbox: webhooks and commands, retried with backoff until a deadline.
+
+:class:`Sender` runs in its own thread in ``dispatch serve`` (:meth:`Sender.run`), so a slow or
+dead receiver costs the dispatcher nothing but this thread. Each :meth:`Sender.tick` claims due
+deliveries, attempts each one and records the result. Every delivery carries the message's
+stable id (header ``Dispatch-Message-Id`` and field ``id``): a receiver drops duplicates by it,
+since a crash between "received" and "recorded" means a second delivery (at least once).
+
+Signing (``secret_file``): header ``Dispatch-Timestamp`` is the epoch second of the attempt and
+``Dispatch-Signature`` is ``sha256=`` + hex HMAC-SHA256 over ``"{timestamp}.{body}"`` keyed with
+the file's content (surrounding whitespace stripped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import random
+import stat
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dispatcher.notify.settings import Channel, NotifySettings, WebhookFormat, redacted_url
+from dispatcher.notify.store import Delivery, NotifyStore
+from scope.foundation.errors import ConfigError
+
+__all__ = ["Answer", "Sender", "backoff", "deliver", "load_secret", "load_secrets", "sign"]
+
+log = logging.getLogger("dispatch.notify")
+
+RESPONSE_CAP = 64 * 1024
+"""Bytes of a receiver's answer read (and kept for ``notify test``) at most."""
+
+
+def backoff(attempts: int, *, base: float, cap: float, jitter: float) -> float:
+    """Seconds before the next try after ``attempts`` failed ones: doubling from ``base`` up
+    to ``cap``, scaled by ``jitter`` in [0, 1) to between half and all of it (so many
+    messages failing together do not retry together)."""
+    delay = min(cap, base * (2 ** max(attempts - 1, 0)))
+    return delay * (0.5 + jitter / 2)
+
+
+def sign(secret: bytes, timestamp: int, body: bytes) -> str:
+    """The ``Dispatch-Signature`` header's value for ``body`` sent at ``timestamp``."""
+    mac = hmac.new(secret, str(timestamp).encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+def load_secret(path_text: str) -> bytes:
+    """A channel's signing secret; refused (one line naming the fix) unless the file is ours
+    and private."""
+    path = Path(path_text).expanduser()
+    try:
+        info = path.stat()
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(
+            f"secret file {path} cannot be read ({err.strerror})",
+            key="notify.channels.webhook.secret_file",
+            remedy="create it with mode 0600",
+        ) from None
+    if stat.S_IMODE(info.st_mode) & 0o077 or info.st_uid != os.getuid():
+        raise ConfigError(
+            f"secret file {path} is readable by others (mode {stat.S_IMODE(info.st_mode):o})",
+            key="notify.channels.webhook.secret_file",
+            remedy=f"chmod 600 {path}",
+        )
+    return data.strip()
+
+
+def load_secrets(settings: NotifySettings) -> dict[str, bytes]:
+    """Every signing channel's secret, by channel name (checked as :func:`load_secret`)."""
+    return {
+        name: load_secret(ch.webhook.secret_file)
+        for name, ch in settings.channels.items()
+        if ch.webhook is not None and ch.webhook.secret_file
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answer:
+    """What one attempt got: success, and the receiver's status and (capped) answer."""
+
+    ok: bool
+    detail: str
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # a 3xx is an answer, not an instruction: it counts as a failure
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def _slack_text(message: Mapping[str, Any]) -> str:
+    card = message.get("card") or {}
+    if card:
+        title, who = card.get("title"), card.get("assignee")
+        return f"{message['event']}: card {card.get('id')} {title!r} ({who})"
+    job = message.get("job")
+    return f"{message['event']}: cron job {job}" if job else str(message["event"])
+
+
+def _post(channel: Channel, body: str, secret: bytes | None) -> Answer:
+    assert channel.webhook is not None
+    hook = channel.webhook
+    message = json.loads(body)
+    payload = body.encode()
+    if hook.format is WebhookFormat.SLACK:
+        payload = json.dumps({"text": _slack_text(message)}).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "dispatch-notify",
+        "Dispatch-Message-Id": str(message["id"]),
+        "Dispatch-Event": str(message["event"]),
+    }
+    if secret is not None:
+        stamp = int(time.time())
+        headers["Dispatch-Timestamp"] = str(stamp)
+        headers["Dispatch-Signature"] = sign(secret, stamp, payload)
+    # The URL's scheme was checked (http or https) when the config was read.
+    request = urllib.request.Request(hook.url, data=payload, headers=headers, method="POST")  # noqa: S310
+    where = redacted_url(hook.url)
+    try:
+        with _OPENER.open(request, timeout=hook.timeout) as response:
+            text = response.read(RESPONSE_CAP).decode(errors="replace")
+            return Answer(ok=200 <= response.status < 300, detail=f"{response.status} {text}")
+    except urllib.error.HTTPError as err:
+        return Answer(ok=False, detail=f"{where}: HTTP {err.code}")
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        return Answer(ok=False, detail=f"{where}: {reason}")
+
+
+def _run(channel: Channel, body: str) -> Answer:
+    assert channel.command is not None
+    try:
+        done = subprocess.run(
+            list(channel.command),
+            input=body.encode(),
+            capture_output=True,
+            timeout=channel.timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return Answer(ok=False, detail=f"timed out after {channel.timeout:g}s")
+    except OSError as err:
+        return Answer(ok=False, detail=f"cannot run {channel.command[0]}: {err.strerror}")
+    out = done.stdout[:RESPONSE_CAP].decode(errors="replace")
+    return Answer(ok=done.returncode == 0, detail=f"exit {done.returncode} {out}".rstrip())
+
+
+def deliver(channel: Channel, body: str, secret: bytes | None = None) -> Answer:
+    """One attempt to hand ``body`` (a message's JSON) to ``channel``."""
+    if channel.webhook is not None:
+        return _post(channel, body, secret)
+    return _run(channel, body)
+
+
+class Sender:
+    """Delivers the outbox (see the module docstring); ``tick(now)`` is one step."""
+
+    def __init__(
+        self,
+        store: NotifyStore,
+        settings: NotifySettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        base: float = 2.0,
+        cap: float = 600.0,
+        poll: float = 0.5,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self.base, self.cap, self.poll, self.rand = base, cap, poll, rand
+        # Read (and checked) once at start: a bad secret file stops serve with one line.
+        self.secrets = load_secrets(settings)
+        self.stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _lease(self) -> float:
+        timeouts = [
+            c.webhook.timeout if c.webhook else c.timeout for c in self.settings.channels.values()
+        ]
+        return 2 * max(timeouts, default=30.0) + 30.0
+
+    def tick(self, now: float) -> int:
+        """Claim and attempt what is due at ``now``; how many were delivered."""
+        delivered = 0
+        for item in self.store.claim(now=now, lease=self._lease()):
+            delivered += self._attempt(item)
+        return delivered
+
+    def _attempt(self, item: Delivery) -> int:
+        channel = self.settings.channels.get(item.channel)
+        if channel is None:
+            answer = Answer(ok=False, detail=f"channel {item.channel!r} is no longer configured")
+        else:
+            answer = deliver(channel, item.body, self.secrets.get(item.channel))
+        now = self.clock()
+        if answer.ok:
+            self.store.settle(item, now=now, error=None, retry_at=None)
+            return 1
+        retry_at = now + backoff(
+            item.attempts + 1, base=self.base, cap=self.cap, jitter=self.rand()
+        )
+        if retry_at - item.since > self.settings.deadline:
+            log.warning(
+                "notification %s to %s is dead: %s", item.message_id, item.channel, answer.detail
+            )
+            self.store.settle(item, now=now, error=answer.detail, retry_at=None)
+        else:
+            self.store.settle(item, now=now, error=answer.detail, retry_at=retry_at)
+        return 0
+
+    def run(self) -> None:
+        """Tick until :attr:`stop` is set; an error in one tick is logged, not fatal."""
+        while not self.stop.is_set():
+            try:
+                self.tick(self.clock())
+            except Exception as err:
+                log.warning("notification sender: %s", err)
+            self.stop.wait(self.poll)
+
+    def start(self) -> None:
+        """Run in a daemon thread."""
+        self._thread = threading.Thread(target=self.run, name="dispatch-notify", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread (a delivery in flight finishes or times out first)."""
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
