@@ -173,11 +173,18 @@ CREATE INDEX notify_outbox_due ON notify_outbox (state, next_at);
 """
 """The notification outbox (the SQLite ``notify`` component's table)."""
 
+HISTORY_INDEXES = """
+CREATE INDEX kanban_runs_ended ON kanban_runs (ended_at);
+CREATE INDEX cron_fires_ended ON cron_fires (ended_at);
+"""
+"""Runs and fires by end time: the web's charts read one time range of each."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
     (3, "the claimant's boot id", "ALTER TABLE kanban_runs ADD COLUMN claimer_boot text;"),
     (4, "the notification outbox", OUTBOX),
+    (5, "runs and fires by end time", HISTORY_INDEXES),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

@@ -55,6 +55,13 @@ CREATE TABLE cron_jobs (
 
 COMPONENT = Component(
     name="cron",
-    migrations=[Migration(version=1, apply=SCHEMA_V1, note="cron ledger and job state")],
+    migrations=[
+        Migration(version=1, apply=SCHEMA_V1, note="cron ledger and job state"),
+        Migration(
+            version=2,
+            apply="CREATE INDEX cron_fires_ended ON cron_fires (ended_at);",
+            note="fires by end time (the web's charts read a time range)",
+        ),
+    ],
 )
 """The cron tables, registered in :func:`dispatcher.app.database.components`."""

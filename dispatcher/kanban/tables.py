@@ -92,6 +92,11 @@ COMPONENT = Component(
             apply="ALTER TABLE kanban_runs ADD COLUMN claimer_boot TEXT;",
             note="the claimant's boot id",
         ),
+        Migration(
+            version=3,
+            apply="CREATE INDEX kanban_runs_ended ON kanban_runs (ended_at);",
+            note="runs by end time (the web's charts read a time range)",
+        ),
     ],
 )
 """The kanban board's tables; listed in :func:`dispatcher.app.database.components`."""
