@@ -1,9 +1,10 @@
 """Which card events are notifications, and writing them to the outbox in the event's own
 transaction (:meth:`dispatcher.kanban.sql.SqlBoard._event` calls :func:`record`).
 
-Most card events map to one notification by kind. Two derive from the event's data: a
+Most card events map to one notification by kind. Three derive from the event's data: a
 ``blocked`` event the taxonomy wrote (no ``by``: neither the worker nor an operator) is also
-``breaker.tripped``; and infrastructure refusals are reported once for the whole board, not per
+``breaker.tripped``; a ``failed`` event whose outcome is ``oom_killed`` is also
+``card.oom_killed``; and infrastructure refusals are reported once for the whole board, not per
 card: the first infrastructure ``spawn_refused`` while none is outstanding is
 ``infrastructure.refusing``, and the next successful spawn is ``infrastructure.recovered``. The
 outstanding refusal is the ``kanban_meta`` row :data:`REFUSING_KEY` (written under the board's
@@ -27,6 +28,7 @@ NOTIFIED: Mapping[EventKind, str] = {
     EventKind.BLOCKED: "card.blocked",
     EventKind.GAVE_UP: "card.gave_up",
     EventKind.FAILED: "card.failed",
+    EventKind.DEFERRED: "card.deferred",
 }
 """The card events a notification rule can listen to, by their notify name."""
 
@@ -38,7 +40,8 @@ REFUSING_KEY = "notify_infra_refusing_since"
 
 def notify_events(kind: EventKind, data: Mapping[str, Any]) -> tuple[str, ...]:
     """The card notifications a card event is (an operator's move counts as reaching its
-    target; a block by the breaker is also ``breaker.tripped``)."""
+    target; a block by the breaker is also ``breaker.tripped``; a counted failure that was an
+    OOM kill is also ``card.oom_killed``)."""
     if kind is EventKind.MOVED:
         moved = _MOVED_TO.get(str(data.get("to")))
         return (moved,) if moved else ()
@@ -47,6 +50,8 @@ def notify_events(kind: EventKind, data: Mapping[str, Any]) -> tuple[str, ...]:
         return ()
     if kind is EventKind.BLOCKED and "by" not in data:
         return (found, "breaker.tripped")
+    if kind is EventKind.FAILED and data.get("outcome") == "oom_killed":
+        return (found, "card.oom_killed")
     return (found,)
 
 

@@ -30,6 +30,8 @@ EVENTS: tuple[str, ...] = (
     "card.blocked",
     "card.gave_up",
     "card.failed",
+    "card.oom_killed",
+    "card.deferred",
     "breaker.tripped",
     "infrastructure.refusing",
     "infrastructure.recovered",

@@ -38,6 +38,9 @@ class Notifications:
             self.close()
             return
         if self.sender is None:
+            if not self.store.shared:
+                # serve's lock makes this the outbox's only sender: a claim is a dead one's.
+                self.store.release_claims()
             self.sender = Sender(self.store, settings)
             self.sender.start()
         else:

@@ -86,10 +86,21 @@ class NotifyStore:
         self._read = read
         self._write = write
         self._lock_clause = " FOR UPDATE SKIP LOCKED" if skip_locked else ""
+        self.shared = skip_locked
+        """Other hosts' senders claim from this outbox too (cluster mode)."""
 
     def write(self) -> contextlib.AbstractContextManager[Any]:
         """A write transaction on the outbox's database."""
         return self._write()
+
+    def release_claims(self) -> int:
+        """Forget every claim (how many there were). Only for the one sender of an outbox
+        nobody shares, at its start: any claim then is a killed predecessor's."""
+        with self._write() as conn:
+            cursor = conn.execute(
+                "UPDATE notify_outbox SET claimed_until = NULL WHERE claimed_until IS NOT NULL"
+            )
+            return int(cursor.rowcount)
 
     def claim(self, *, now: float, lease: float, limit: int = 16) -> list[Delivery]:
         """Due pending deliveries, fenced for ``lease`` seconds against other senders."""
