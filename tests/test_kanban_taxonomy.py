@@ -2,42 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from dispatcher.kanban.model import (
     BlockKind,
-    Card,
     CardStatus,
     EventKind,
-    Run,
 )
 from dispatcher.kanban.taxonomy import Breaker, after_run
 from dispatcher.launch.outcome import Outcome, Result, outcome_of
 from registry.abc import Owner, Session, SessionState
 from scope.abc import CallerKind, Placement
+from tests.support.cards import RUN, card
 
 NOW = 1_800_000_000.0
 BREAKER = Breaker()
-
-
-def card(**changes: object) -> Card:
-    base = Card(
-        id="c_0000000001",
-        title="t",
-        body="",
-        assignee="a",
-        status=CardStatus.RUNNING,
-        priority=0,
-        created_at=NOW - 100,
-        updated_at=NOW - 100,
-        current_run_id="r_0000000001",
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
-
-
-RUN = Run(run_id="r_0000000001", card_id="c_0000000001", attempt=1, claimed_at=NOW - 10)
 
 
 def session(

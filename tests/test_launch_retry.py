@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatcher.config import parse_config
-from dispatcher.kanban.model import Card, CardStatus, EventKind, Run
+from dispatcher.kanban.model import CardStatus, EventKind
 from dispatcher.kanban.taxonomy import Breaker, after_run
 from dispatcher.launch.outcome import Outcome, Result
 from dispatcher.launch.retry import (
@@ -24,6 +24,7 @@ from dispatcher.launch.retry import (
 )
 from scope.foundation.errors import ConfigError, Invalid
 from scope.foundation.schema import Record
+from tests.support.cards import RUN, card
 
 NOW = 1_800_000_000.0
 SAMPLE = {
@@ -179,24 +180,6 @@ def test_retry_config_per_assignee_and_default() -> None:
 
 
 # -- kanban -----------------------------------------------------------------------------------
-
-
-def card(**changes: object) -> Card:
-    base = Card(
-        id="c_0000000001",
-        title="t",
-        body="",
-        assignee="a",
-        status=CardStatus.RUNNING,
-        priority=0,
-        created_at=NOW - 100,
-        updated_at=NOW - 100,
-        current_run_id="r_0000000001",
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
-
-
-RUN = Run(run_id="r_0000000001", card_id="c_0000000001", attempt=1, claimed_at=NOW - 10)
 
 
 def failed(code: int | None, outcome: Outcome = Outcome.FAILED) -> Result:
