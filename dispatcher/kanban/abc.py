@@ -22,7 +22,7 @@ import abc
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.kanban.model import (
     BlockKind,
@@ -36,8 +36,10 @@ from dispatcher.kanban.model import (
     NewCard,
     Run,
 )
-from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.outcome import Outcome, Result
+
+if TYPE_CHECKING:
+    from dispatcher.launch.claimant import Claimant
+    from dispatcher.launch.outcome import Outcome, Result
 
 
 class ClaimVerdict(enum.StrEnum):
