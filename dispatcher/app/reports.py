@@ -19,10 +19,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dispatcher.cluster.settings import ENV_URL, ClusterSettings
-from dispatcher.cluster.url import without_password
-from dispatcher.settings import Settings
+from dispatcher.cluster.url import ENV_URL, without_password
+
+if TYPE_CHECKING:
+    from dispatcher.settings import Settings
 
 __all__ = ["ENV_HOST_ID", "ENV_PASSWORD_FILE", "captured_settings", "spawn_environ"]
 
@@ -54,6 +56,9 @@ def captured_settings(settings: Settings, environ: Mapping[str, str]) -> Setting
     host_id = environ.get(ENV_HOST_ID)
     if not environ.get("DISPATCH_RUN_ID") or not host_id:
         return None
+    # Imported here: a worker's report with a current config snapshot never gets this far.
+    from dispatcher.cluster.settings import ClusterSettings
+
     cluster = ClusterSettings(
         database=None, password_file=environ.get(ENV_PASSWORD_FILE) or None, host_id=host_id
     )
