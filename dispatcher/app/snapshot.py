@@ -26,6 +26,7 @@ facts here, and the next ones read them instead, as long as the file is unchange
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -86,13 +87,10 @@ class Snapshot:
 
 def snapshot_file(state_dir: Path, config: Path | None) -> Path:
     """Where the snapshot of ``config`` (None: the built-in defaults) lives."""
-    import hashlib
-
-    if config is None:
-        name = "defaults"
-    else:
-        name = hashlib.sha256(os.fsencode(os.path.abspath(config))).hexdigest()[:16]
-    return Path(state_dir) / CACHE_DIR / f"config-{name}.json"
+    name = "defaults"
+    if config is not None:
+        name = hashlib.sha256(os.fsencode(os.path.abspath(config))).hexdigest()
+    return Path(state_dir) / CACHE_DIR / f"config-{name[:16]}.json"
 
 
 def load(state_dir: Path, config: Path | None) -> Snapshot | None:
