@@ -144,7 +144,7 @@ COMMANDS: dict[str, Grammar] = {
 def recognise(argv: Sequence[str], environ: Mapping[str, str]) -> SimpleNamespace | None:
     """The parsed command line when it is one of the fast path's (see the module docstring),
     else None: argparse parses it."""
-    if environ.get("DISPATCH_FAST_PATH") == "0":
+    if environ.get("DISPATCH_FAST_PATH") == "0":  # dispatcher.app.snapshot.BYPASS_ENV
         return None
     try:
         values = _values(list(argv))

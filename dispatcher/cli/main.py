@@ -145,6 +145,8 @@ def _recognised(arguments: list[str], environ: Mapping[str, str]) -> argparse.Na
         return None  # no fast-path command: not even its grammar is loaded
     from dispatcher.cli.fastpath import recognise
 
+    # A SimpleNamespace with argparse's attributes (importing argparse for its Namespace would
+    # cost the fast path): handlers only read attributes.
     return recognise(arguments, environ)  # type: ignore[return-value]
 
 
