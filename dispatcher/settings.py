@@ -94,6 +94,18 @@ class Settings:
             except Invalid as err:
                 raise Invalid(f"{err.problem} (over scope.resources)", path + err.path) from None
 
+    def classes(self) -> dict[str, ScopeProperties]:
+        """Every worker class that sets something, by where it is written, merged over
+        ``scope.resources`` (``scope.resources`` itself first): what ``dispatch doctor`` checks
+        against this host's controllers."""
+        default = self.scope.properties()
+        found = {"scope.resources": default} if default.limits else {}
+        for name, assignee in self.kanban.assignees.items():
+            found[f"kanban.assignees.{name}.resources"] = assignee.resources.over(default)
+        for job in self.cron.jobs:
+            found[f"cron.jobs[{job.id}].resources"] = job.resources.over(default)
+        return {key: value for key, value in found.items() if value.limits}
+
 
 SCHEMA = Record(Settings)
 """The root record config.yaml is validated against."""
