@@ -162,3 +162,101 @@ def test_a_class_that_cannot_take_effect_is_refused_and_best_effort_starts_it(
         assert runs[-1].outcome is Outcome.COMPLETED and runs[-1].placement == "scoped"
     finally:
         board.close()
+
+
+DISPLAY_CONFIG = """\
+kanban:
+  assignees:
+    w:
+      command: [python3, -I, -c, "b = bytearray(24 << 20); print('ok')"]
+      resources: {memory_max: 256MiB, runtime_max: 10m}
+cron:
+  jobs:
+    - id: small
+      schedule: "0 3 * * *"
+      command: [python3, -I, -c, "b = bytearray(24 << 20); print('ok')"]
+      resources: {memory_max: 128MiB}
+"""
+
+
+def test_show_history_and_the_web_give_each_runs_class_peak_and_cpu(
+    systemd_manager: SystemdManager, tmp_path: Path, capsys
+) -> None:
+    from starlette.testclient import TestClient
+
+    from dispatcher.web.app import create_app, create_site
+    from dispatcher.web.guard import Access, cookie_name
+    from dispatcher.web.keys import Keys, load_secret
+    from dispatcher.web.server import allowed_hosts, parse_listen
+    from dispatcher.web.source import Source
+
+    config = tmp_path / "config.yaml"
+    config.write_text(DISPLAY_CONFIG)
+    state = tmp_path / "state"
+    env = {**systemd_manager.env, "HOME": str(tmp_path)}
+    env.pop("INVOCATION_ID", None)
+    base = ["--config", str(config), "--state-dir", str(state)]
+
+    def cli(*argv: str) -> str:
+        capsys.readouterr()
+        code = main([*base, *argv], env)
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        return out
+
+    card_id = cli("kanban", "add", "hog", "--assignee", "w").strip()
+    cli("kanban", "tick")
+    board = Workspace(load_config(config).settings, state, environ=env, config_path=config)
+    try:
+
+        def done() -> bool:
+            board.refresh()
+            return board.store.get_card(card_id).status is CardStatus.DONE
+
+        systemd_manager.wait_for(done, timeout=30, interval=0.1, what="the card done")
+    finally:
+        board.close()
+    cli("cron", "run", "small", "--wait")
+
+    (run,) = json.loads(cli("kanban", "show", card_id, "--json"))["runs"]
+    assert run["placement"] == "scoped"
+    assert run["resources"] == {
+        "class": "memory_max 256MiB, runtime_max 600s",
+        "limits": {"memory_max": 256 << 20, "runtime_max": 600.0},
+        "not_enforced": [],
+    }
+    # The worker touched 24 MiB: its scope's peak is at least that; CPU time was measured.
+    assert run["memory_peak"] >= 24 << 20 and run["cpu_time"] >= 0
+    shown = cli("kanban", "show", card_id)
+    assert "      class memory_max 256MiB, runtime_max 600s; peak " in shown
+    assert ", cpu " in shown
+
+    (fire,) = json.loads(cli("cron", "history", "--json"))
+    assert fire["resources"]["class"] == "memory_max 128MiB"
+    assert fire["memory_peak"] >= 24 << 20 and fire["cpu_time"] is not None
+    history = cli("cron", "history")
+    assert "CLASS" in history and "memory_max 128MiB" in history and "peak " in history
+
+    settings = load_config(config).settings
+    source = Source(settings, state, env, config_path=config)
+    listen = parse_listen("127.0.0.1:8470")
+    access = Access(
+        keys=Keys(load_secret(state)),
+        hosts=allowed_hosts(listen, 8470),
+        pages_need_secret=False,
+        cookie=cookie_name(8470),
+        origin="http://127.0.0.1:8470",
+    )
+    client = TestClient(create_app(create_site(source, access)), base_url="http://127.0.0.1:8470")
+    try:
+        page = client.get(f"/cards/{card_id}").text
+        assert "<th>class</th><th>used</th>" in page
+        assert "<td>memory_max 256MiB, runtime_max 600s</td>" in page and "peak " in page
+        cron_page = client.get("/cron/small").text
+        assert "<td>memory_max 128MiB</td>" in cron_page
+        session_page = client.get(f"/sessions/{run['session_id']}").text
+        assert "<dt>class</dt><dd>memory_max 256MiB, runtime_max 600s</dd>" in session_page
+        assert "<dt>used</dt><dd>peak " in session_page
+    finally:
+        client.close()
+        source.close()

@@ -38,6 +38,7 @@ from dispatcher.kanban.views import (
     tick_text,
     unconfigured,
 )
+from dispatcher.launch.resources import resources_json, resources_text, sessions_of
 from dispatcher.settings import Settings
 from dispatcher.timefmt import iso
 from scope.abc import CallerKind
@@ -354,14 +355,18 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
     hosts = workspace.run_hosts(card_id)
+    # Each run's class, peak memory and CPU time come with its session (this host's).
+    sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
     if ctx.json:
         doc = show_json(card, runs, events)
-        for run in doc["runs"]:
-            run["host"] = hosts.get(run["run_id"])
+        for run, entry in zip(runs, doc["runs"], strict=True):
+            entry["host"] = hosts.get(entry["run_id"])
+            entry.update(resources_json(sessions.get(run.session_id or "")))
         ctx.emit_json(doc)
     else:
         shown = hosts if workspace.cluster.clustered else None
-        for line in show_text(card, runs, events, times=ctx.times(), hosts=shown):
+        used = {run.run_id: resources_text(sessions.get(run.session_id or "")) for run in runs}
+        for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, used=used):
             ctx.out(line)
     return 0
 

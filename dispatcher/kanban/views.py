@@ -201,9 +201,12 @@ def show_text(
     *,
     times: TimeView | None = None,
     hosts: Mapping[str, str | None] | None = None,
+    used: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``show`` as text: fields, runs, events (times as ``times`` shows them). ``hosts``
-    (cluster mode): each run's host, shown after its placement (``host alpha``)."""
+    (cluster mode): each run's host, shown after its placement (``host alpha``); ``used``:
+    each run's class and use (:func:`dispatcher.launch.resources.resources_text`), on a line
+    of its own below the run."""
     view = times or TimeView.local()
     short = view.at
     lines = [
@@ -246,6 +249,8 @@ def show_text(
             f"{run.session_id or '-'}  {run.placement or '-'}"
             + (f"  host {hosts.get(run.run_id) or '-'}" if hosts is not None else "")
         )
+        if used and used.get(run.run_id):
+            lines.append(f"      {used[run.run_id]}")
     lines.append("events")
     for event in events:
         extra = ", ".join(f"{k}={v}" for k, v in event.data.items() if v is not None)
