@@ -93,6 +93,26 @@ class Settings:
                 resources.over(default)
             except Invalid as err:
                 raise Invalid(f"{err.problem} (over scope.resources)", path + err.path) from None
+        self._check_retry_classes(default)
+
+    def _check_retry_classes(self, default: ScopeProperties) -> None:
+        """A retry rule's class lands on each worker it may retry: it must fit over that
+        worker's class and ``scope.resources`` as well."""
+        for name, assignee in self.kanban.assignees.items():
+            own = assignee.retry is not None
+            policy = assignee.retry if own else self.kanban.retry
+            where = ("kanban", "assignees", name, "retry") if own else ("kanban", "retry")
+            for index, rule in enumerate(policy.rules if policy else ()):
+                if rule.resources is None:
+                    continue
+                try:
+                    rule.resources.over(assignee.resources.over(default))
+                except Invalid as err:
+                    raise Invalid(
+                        f"{err.problem} (over kanban.assignees.{name}.resources and "
+                        "scope.resources)",
+                        (*where, "rules", index, "resources", *err.path),
+                    ) from None
 
     def classes(self) -> dict[str, ScopeProperties]:
         """Every worker class that sets something, by where it is written, merged over
@@ -101,7 +121,14 @@ class Settings:
         default = self.scope.properties()
         found = {"scope.resources": default} if default.limits else {}
         for name, assignee in self.kanban.assignees.items():
-            found[f"kanban.assignees.{name}.resources"] = assignee.resources.over(default)
+            own = assignee.resources.over(default)
+            found[f"kanban.assignees.{name}.resources"] = own
+            policy = assignee.retry or self.kanban.retry
+            where = f"kanban.assignees.{name}.retry" if assignee.retry else "kanban.retry"
+            for index, rule in enumerate(policy.rules if policy else ()):
+                if rule.resources is not None:
+                    label = f"{where}.rules[{index}].resources (for {name})"
+                    found[label] = rule.resources.over(own)
         for job in self.cron.jobs:
             found[f"cron.jobs[{job.id}].resources"] = job.resources.over(default)
         return {key: value for key, value in found.items() if value.limits}
