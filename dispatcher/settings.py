@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from dispatcher.cluster.settings import ClusterSettings
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.kanban.settings import Assignee, KanbanSettings
+from dispatcher.launch.admission import AdmissionSettings
 from dispatcher.notify.settings import NotifySettings
 from registry.settings import RegistrySettings
 from scope.foundation.schema import Duration, Invalid, Record, setting
@@ -74,6 +75,12 @@ class Settings:
         default_factory=NotifySettings,
         kind=Record(NotifySettings),
         doc="Notifications (webhooks and commands) of chosen events.",
+    )
+    admission: AdmissionSettings = setting(
+        default_factory=AdmissionSettings,
+        kind=Record(AdmissionSettings),
+        doc="Admission under pressure: this host holds new claims and cron starts while "
+        "memory (or CPU) is short. See docs/resources.md.",
     )
 
     def check(self) -> None:

@@ -123,6 +123,7 @@ def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
     for key, value in report["placement"].items():
         ctx.out(f"  {key:<15} {value}")
     _print_resources(ctx, report["resources"])
+    ctx.out(f"admission: {report['admission']['detail']}")
     for unit in report.get("units", []):
         state = "ok" if unit["ok"] else "CHECK"
         ctx.out(f"unit:      {state}  {unit['path']} ({unit['manager']}, {unit['role']})")

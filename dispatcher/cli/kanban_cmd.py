@@ -477,15 +477,35 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     if args.max is not None and args.max < 0:
         raise UsageError(f"--max {args.max}: must not be negative")
     workspace = _workspace(ctx)
-    report = workspace.tick(max_claims=args.max, dry_run=args.dry_run)
+    held = None if args.dry_run else _admission(ctx)
+    report = workspace.tick(max_claims=0 if held else args.max, dry_run=args.dry_run)
     for warning in report.warnings:
         ctx.warn(f"warning: {warning}")
     if ctx.json:
-        ctx.emit_json(tick_json(report))
+        ctx.emit_json({**tick_json(report), "held": held})
     else:
         for line in tick_text(report):
             ctx.out(line)
+        if held:
+            ctx.out(f"held: {held}: nothing claimed (admission); running workers continue")
     return 0
+
+
+def _admission(ctx: Context) -> str | None:
+    """This host's admission for a oneshot tick (continuing from the last verdict in the
+    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None."""
+    from dispatcher.gateway.admission import HostAdmission
+    from scope.foundation.clock import SystemClock
+
+    admission = HostAdmission(
+        lambda: ctx.settings.admission,
+        ctx.state_dir,
+        ctx.environ,
+        SystemClock(),
+        writer="kanban tick",
+    )
+    verdict = admission.check()
+    return (verdict.reason or "admission") if verdict.held else None
 
 
 # -- worker commands --------------------------------------------------------------------------

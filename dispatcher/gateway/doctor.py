@@ -4,10 +4,12 @@ checks, their remedies merged into one list (the web's status page shows the sam
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from dispatcher.gateway.units import units_report
+from dispatcher.launch.pressure import proc_root, read_readings
 from scope.doctor import diagnose, healthy
 from scope.hierarchy import ineffective, remedies
 from scope.resources import ScopeProperties, describe
@@ -29,6 +31,7 @@ def doctor_report(
     (:meth:`dispatcher.settings.Settings.classes`)."""
     report = diagnose(scoper, force_probe=force_probe)
     refused = _check_classes(scoper, report, classes or {})
+    report["admission"] = _admission(environ)
     ok = healthy(report) and not refused
     report["units"] = units_report(
         environ, degrade_without_scope=degrade_without_scope, extra=list(extra_units)
@@ -83,3 +86,18 @@ def _check_classes(
                 report["remedies"].append(remedy)
     report["resources"]["classes"] = entries
     return refused
+
+
+def _admission(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Whether admission can see memory pressure here (PSI) or goes by MemAvailable alone."""
+    where = proc_root(environ)
+    readings = read_readings(where)
+    if readings.psi:
+        detail = f"PSI available ({where}/pressure/memory): admission watches memory pressure"
+    else:
+        detail = (
+            f"no PSI here ({where}/pressure/memory cannot be read: a kernel without "
+            "CONFIG_PSI, psi=0 on its command line, or a container hiding it): admission "
+            "holds new work by MemAvailable alone"
+        )
+    return {"psi": readings.psi, "readings": asdict(readings), "detail": detail}

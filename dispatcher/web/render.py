@@ -17,7 +17,7 @@ import jinja2
 from starlette.responses import HTMLResponse
 
 from dispatcher import __version__
-from dispatcher.launch.resources import used_text
+from dispatcher.launch.resources import human_size, used_text
 from dispatcher.timefmt import TimeView, iso, span, viewer_zone
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ def environment(environ: Mapping[str, str] | None = None) -> jinja2.Environment:
         span=_span,
         class_of=_class_of,
         used=_used,
+        bytes=human_size,
     )
     env.globals.update(version=__version__, ago=_ago)
     return env
