@@ -200,7 +200,7 @@ def _v1(
         if cgroup is None:
             missing[name] = "the manager's cgroup is unknown"
             continue
-        where = f"{root}{mount}{cgroup.rstrip('/')}" or "/"
+        where = f"{root}{mount}{cgroup.rstrip('/')}"
         # A manager creates its units' cgroups below its root; it can only where that root
         # exists and it may write (Delegate= chowns it to a user manager).
         if os.path.isdir(where) and os.access(where, os.W_OK):
