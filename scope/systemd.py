@@ -239,7 +239,9 @@ class SystemdScoper(Scoper):
         except (OSError, ValueError) as err:
             why = f"cannot read the cgroup layout: {err}"
             found = Controllers(layout=Layout.NONE, missing=dict.fromkeys(CONTROLLERS, why))
-        self._controllers = (now, found)
+        if root is not None or system:
+            # An unanswered question is asked again next time, not remembered for a TTL.
+            self._controllers = (now, found)
         return found
 
     def _place(
