@@ -28,7 +28,7 @@ from dispatcher.cron.timeline import EARLIEST, LATEST, CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
 from dispatcher.gateway.statusfile import scheduler_zone
 from dispatcher.launch.outcome import Outcome
-from dispatcher.launch.resources import resources_json, sessions_of, used_text
+from dispatcher.launch.resources import sessions_of, used_text
 from dispatcher.timefmt import TimeView
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
@@ -289,10 +289,9 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
     ran = [row.session_id for row in rows if row.session_id]
     sessions = sessions_of(_runtime(ctx).registry, ran) if ran else {}
     if ctx.json:
-        entries = [row_entry(row) for row in rows]
-        for row, entry in zip(rows, entries, strict=True):
-            entry.update(resources_json(sessions.get(row.session_id or "")))
-            if hosts is not None:
+        entries = [row_entry(row, sessions) for row in rows]
+        if hosts is not None:
+            for row, entry in zip(rows, entries, strict=True):
                 entry["host"] = hosts.get(row.id)
         ctx.emit_json(entries)
         return 0

@@ -38,7 +38,7 @@ from dispatcher.kanban.views import (
     tick_text,
     unconfigured,
 )
-from dispatcher.launch.resources import resources_json, resources_text, sessions_of
+from dispatcher.launch.resources import resources_text, sessions_of
 from dispatcher.settings import Settings
 from dispatcher.timefmt import iso
 from scope.abc import CallerKind
@@ -358,10 +358,9 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     # Each run's class, peak memory and CPU time come with its session (this host's).
     sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
     if ctx.json:
-        doc = show_json(card, runs, events)
-        for run, entry in zip(runs, doc["runs"], strict=True):
+        doc = show_json(card, runs, events, sessions)
+        for entry in doc["runs"]:
             entry["host"] = hosts.get(entry["run_id"])
-            entry.update(resources_json(sessions.get(run.session_id or "")))
         ctx.emit_json(doc)
     else:
         shown = hosts if workspace.cluster.clustered else None
