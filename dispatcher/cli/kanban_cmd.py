@@ -26,6 +26,7 @@ from dispatcher.cli.parser import (
     int_arg,
     path_arg,
 )
+from dispatcher.kanban.board import FAILURE_LIMIT_RANGE, PRIORITY_RANGE
 from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     SORT_KEYS,
@@ -45,8 +46,8 @@ from scope.foundation.text import quote
 from scope.foundation.values import ISO_HINT, parse_duration, parse_iso_time
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-PRIORITY = int_arg(-(10**9), 10**9)
-FAILURE_LIMIT = int_arg(1, 10**6)
+PRIORITY = int_arg(*PRIORITY_RANGE)
+FAILURE_LIMIT = int_arg(*FAILURE_LIMIT_RANGE)
 CARD_HELP = "card id or a unique prefix (at least 4 characters)"
 
 
