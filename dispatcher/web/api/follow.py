@@ -73,6 +73,7 @@ def _resume(call: Call, name: str) -> int:
 def list_events(call: Call) -> Reply:
     """``GET /events``: board events after the cursor, oldest first."""
     limit = call.params["limit"]
+    call.site.source.refresh()  # runs that ended unseen close first, as kanban show does
     events = call.site.source.store.events_after(call.params["after"], limit=limit)
     docs = [event_json(e) for e in events]
     headers = next_link(call, after=docs[-1]["id"]) if len(docs) == limit else {}
