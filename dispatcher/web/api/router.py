@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Match, Route
 
 from dispatcher.web.api.auth import Caller, FailureLimit, authenticate
 from dispatcher.web.api.openapi import PREFIX, document
@@ -33,6 +33,7 @@ from scope.foundation.errors import DispatchError
 MAX_BODY = 20 * 1024 * 1024
 """The largest request body (a card body may hold 16 MiB of text; JSON escapes add some)."""
 _log = logging.getLogger("dispatch.web.api")
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
 def routes(site: Site, operations: tuple[Operation, ...] | None = None) -> list[BaseRoute]:
@@ -53,6 +54,16 @@ def routes(site: Site, operations: tuple[Operation, ...] | None = None) -> list[
         return JSONResponse(described)
 
     found.append(Route(PREFIX + "/openapi.json", openapi, methods=["GET"]))
+    known = list(found)
+
+    async def elsewhere(request: Request) -> Response:
+        # Everything else under the prefix: a problem document, never the pages' redirect of
+        # a trailing slash (an id with an encoded '/' lands here too).
+        if any(route.matches(request.scope)[0] is Match.PARTIAL for route in known):
+            return not_allowed(request)
+        return not_found(request)
+
+    found.append(Route(PREFIX + "/{rest:path}", elsewhere, methods=_METHODS))
     return found
 
 

@@ -70,8 +70,11 @@ class Param:
         return f"{'path' if self.where == 'path' else 'query'} parameter {self.name!r}"
 
     def schema(self) -> dict[str, Any]:
-        """The parameter's JSON schema."""
-        return _schema(self.kind, self.minimum, self.maximum, self.choices, self.max_length)
+        """The parameter's JSON schema (a path segment is never empty)."""
+        schema = _schema(self.kind, self.minimum, self.maximum, self.choices, self.max_length)
+        if self.where == "path" and schema["type"] == "string":
+            schema["minLength"] = 1
+        return schema
 
     def parse(self, values: Sequence[str]) -> Any:
         """The value of the given texts (the last one wins unless it is a list)."""
