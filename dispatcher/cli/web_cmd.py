@@ -104,12 +104,12 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     )
     what = "the HTTP API" if args.api_only else ctx.state_dir
     ctx.out(f"dispatch web: serving {what} on {origin}/")
-    ctx.out(f"dispatch web: API: {origin}/api/v1/ (document: {origin}/api/v1/openapi.json)")
     if ctx.environ.get("JOURNAL_STREAM"):
         # stdout is the journal: a log must never hold the secret.
         ctx.out("dispatch web: sign in with the link 'dispatch web --url' prints")
     else:
         ctx.out(f"dispatch web: sign in: {origin}/?token={secret}")
+    ctx.out(f"dispatch web: API: {origin}/api/v1/ (document: {origin}/api/v1/openapi.json)")
     ctx.stdout.flush()
     site = create_site(source, access)
     started = serve(create_app(site, api_only=args.api_only), sock, on_stop=site.hub.close)
