@@ -255,6 +255,27 @@ def test_status_hosts_and_notifications_answer_as_the_cli(site: Site) -> None:
     missing = site.home.dispatch("notify", "retry", "m_none", check=False)
     problem = _problem(site.api.post("/notifications/m_none/retry"), 404)
     assert problem["detail"] in missing.stderr
+    dead = _dead_notification(site)
+    assert site.api.get("/notifications?dead=true").json == site.cli("notify", "list", "--dead")
+    retried = site.api.post(f"/notifications/{dead}/retry")
+    assert retried.status == 200 and retried.json == {"id": dead, "rows": 1}
+    assert [d["state"] for d in site.cli("notify", "list")] == ["pending"]
+
+
+def _dead_notification(site: Site) -> str:
+    """A message past its deadline in the module's outbox (its id)."""
+    from dispatcher.app.database import open_state
+    from dispatcher.launch.outbox import Outbox, Route, Subject
+    from dispatcher.notify.store import NotifyStore
+
+    outbox = Outbox([Route(events=frozenset({"card.done"}), channels=("hook",))])
+    with open_state(site.home.state) as db:
+        store = NotifyStore(db.read, db.write)
+        with db.write() as conn:
+            outbox.record(conn, "card.done", {"card": {"id": "c_1"}}, Subject(), 1.0)
+        (item,) = store.claim(now=2.0, lease=30.0)
+        store.settle(item, now=3.0, error="HTTP 500", retry_at=None)
+    return item.message_id
 
 
 def test_scopes_and_credentials(site: Site) -> None:
@@ -382,4 +403,25 @@ def test_api_only_serves_the_api_and_nothing_else(site: Site, tmp_path: Path) ->
         assert page.value.headers["content-type"] == "application/problem+json"
         client.close()
     finally:
+        assert web.stop() == 0, web.errors
+
+
+@pytest.mark.postgres
+def test_cluster_mode_tokens_cards_and_hosts(tmp_path: Path, pg_url: str) -> None:
+    """In cluster mode a token lives in the cluster database (every host's web accepts it)
+    and the API reads the cluster's board and hosts as the CLI does."""
+    home = WebHome(tmp_path, CONFIG + f"cluster:\n  database: '{pg_url}'\n  host_id: alpha\n")
+    token = make_token(home, "ci", "operate")
+    web = WebProcess(home.config, home.state, home.env)
+    client = Api(web.url, token)
+    try:
+        added = client.post("/cards", {"title": "in the cluster", "assignee": "echo"})
+        assert added.status == 201
+        assert client.get("/cards").json == home.json("kanban", "list")
+        assert client.get("/hosts").json == home.json("hosts")
+        assert client.get(f"/cards/{added.json['id']}").json == home.json(
+            "kanban", "show", added.json["id"]
+        )
+    finally:
+        client.close()
         assert web.stop() == 0, web.errors

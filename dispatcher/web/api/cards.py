@@ -17,7 +17,7 @@ import base64
 import binascii
 import json
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.app.documents import card_document, listed_card_json
@@ -205,8 +205,3 @@ def show_run(call: Call) -> dict[str, Any]:
     doc = run_json(source.store.get_run(run.run_id))
     doc["host"] = source.run_hosts([run.card_id]).get(run.run_id)
     return doc
-
-
-def card_runs(runs: Sequence[Any]) -> list[dict[str, Any]]:
-    """Runs as documents (oldest first)."""
-    return [run_json(r) for r in runs]
