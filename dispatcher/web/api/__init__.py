@@ -15,6 +15,7 @@ installation secret; a browser session may read, never write.
 Rooms::
 
     spec       parameters, bodies, operations: parsed and described from one definition
+    fields     the parameters and body fields several operations share
     schemas    the JSON schemas of the documents
     table      the route table (every operation)
     router     Starlette routes from the table; the request's way through auth and parsing

@@ -47,7 +47,7 @@ END = Param(
 
 TITLE = Field(name="title", max_length=MAX_TITLE, description="one line")
 ASSIGNEE = Field(name="assignee", max_length=1000, description="a kanban.assignees name")
-CARD_BODY = Field(name="body", max_length=MAX_BODY, lines=True, description="the worker's brief")
+CARD_BODY = Field(name="body", max_length=MAX_BODY, description="the worker's brief")
 PRIORITY = Field(
     name="priority",
     kind=Kind.INTEGER,

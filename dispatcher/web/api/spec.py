@@ -106,8 +106,6 @@ class Field:
     maximum: int | None = None
     choices: tuple[str, ...] = ()
     max_length: int | None = None
-    lines: bool = False
-    """Text that may hold line breaks and tabs (a body, a reason)."""
 
     def schema(self) -> dict[str, Any]:
         """The field's JSON schema."""

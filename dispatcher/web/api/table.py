@@ -159,7 +159,6 @@ OPERATIONS: tuple[Operation, ...] = (
                 Field(
                     name="reason",
                     max_length=MAX_NOTE,
-                    lines=True,
                     description="why (recorded in the card's events)",
                 ),
             )
@@ -217,7 +216,6 @@ OPERATIONS: tuple[Operation, ...] = (
                     name="reason",
                     required=True,
                     max_length=MAX_NOTE,
-                    lines=True,
                     description="why, for the operator",
                 ),
             )
