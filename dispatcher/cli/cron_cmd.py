@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.app.clusterstate import open_cluster_state
 from dispatcher.app.cronjobs import CronJobs
+from dispatcher.app.documents import cron_entries, history_document, paused_document
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, int_arg
 from dispatcher.cron.crontab import parse as parse_crontab
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 MAX_COUNT = 1000
 MAX_LIMIT = 1_000_000
-_EPOCH_KEYS = ("next_fire_at", "last_fire_at")
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -150,8 +150,7 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
         # The file is broken: show what the ledger knows about the jobs it has seen.
         entries += jobs.unconfigured_entries()
     if ctx.json:
-        # The epoch copies are for the table; JSON carries ISO-8601 only.
-        ctx.emit_json([{k: v for k, v in e.items() if k not in _EPOCH_KEYS} for e in entries])
+        ctx.emit_json(cron_entries(entries))
         return 0
     if not entries:
         if ctx.config_problem is not None:
@@ -265,7 +264,7 @@ def handle_resume(args: argparse.Namespace, ctx: Context) -> int:
 def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
     changed = _jobs(ctx).set_paused(args.job_id, paused, SystemClock().time())
     if ctx.json:
-        ctx.emit_json({"id": args.job_id, "paused": paused, "changed": changed})
+        ctx.emit_json(paused_document(args.job_id, paused, changed))
         return 0
     word = "paused" if paused else "resumed"
     ctx.out(f"{args.job_id}: {word}" if changed else f"{args.job_id}: already {word}")
@@ -289,11 +288,7 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
     ran = [row.session_id for row in rows if row.session_id]
     sessions = sessions_of(_runtime(ctx).registry, ran) if ran else {}
     if ctx.json:
-        entries = [row_entry(row, sessions) for row in rows]
-        if hosts is not None:
-            for row, entry in zip(rows, entries, strict=True):
-                entry["host"] = hosts.get(row.id)
-        ctx.emit_json(entries)
+        ctx.emit_json(history_document(rows, hosts, sessions))
         return 0
     if not rows:
         ctx.out("no cron history")

@@ -343,6 +343,8 @@ class Gateway:
             poked = self._board_moved() or poked
         if due:
             self._adopt_strays()
+        if (poked or finished) and self._notify is not None:
+            self._notify.wake()  # the change may have queued a message: no poll's delay
         if poked or finished or due:
             self._tick_kanban("safety" if due and not (poked or finished) else "wake")
             self._next_safety = self.clock.monotonic() + self.settings.serve.safety_tick

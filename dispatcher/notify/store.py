@@ -102,14 +102,19 @@ class NotifyStore:
             )
             return int(cursor.rowcount)
 
-    def claim(self, *, now: float, lease: float, limit: int = 16) -> list[Delivery]:
-        """Due pending deliveries, fenced for ``lease`` seconds against other senders."""
+    def claim(
+        self, *, now: float, lease: float, limit: int = 16, created_since: float | None = None
+    ) -> list[Delivery]:
+        """Due pending deliveries, fenced for ``lease`` seconds against other senders; with
+        ``created_since`` only messages made since then (new ones, not a backlog's retries)."""
+        fresh = "" if created_since is None else " AND created_at >= ?"
+        since = () if created_since is None else (created_since,)
         with self._write() as conn:
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM notify_outbox WHERE state = 'pending' AND next_at <= ?"  # noqa: S608
-                " AND (claimed_until IS NULL OR claimed_until < ?)"
+                f" AND (claimed_until IS NULL OR claimed_until < ?){fresh}"
                 f" ORDER BY next_at LIMIT ?{self._lock_clause}",
-                (now, now, limit),
+                (now, now, *since, limit),
             ).fetchall()
             for row in rows:
                 conn.execute(

@@ -314,6 +314,10 @@ async def session(request: Request) -> Response:
 # -- status and hosts -------------------------------------------------------------------------
 
 
+DEAD_SHOWN = 20
+"""The newest dead notifications the status page lists."""
+
+
 def status_context(site: Site, request: Request) -> dict[str, Any]:
     """``dispatch status`` plus the doctor's placement verdicts and remedies."""
     from dispatcher.gateway.report import status_document
@@ -321,7 +325,10 @@ def status_context(site: Site, request: Request) -> dict[str, Any]:
     source = site.source
     doc = status_document(source.runtime(), source.environ)
     context = site.context(request, title="Status", nav="status", stream="/live/status")
-    context.update(doc=doc, doctor=source.doctor())
+    # Dead notifications wait for an operator ('dispatch notify retry ID'), as notify list
+    # --dead shows them.
+    dead = source.reader.cluster.notify_store().list(state="dead", limit=DEAD_SHOWN)
+    context.update(doc=doc, doctor=source.doctor(), dead=dead)
     return context
 
 
