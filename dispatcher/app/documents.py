@@ -11,7 +11,7 @@ the registry's sessions is built here, the lowest layer that sees all the parts.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.timefmt import iso
@@ -124,13 +124,18 @@ def board_document(
 
 
 def card_document(workspace: Workspace, card_id: str) -> dict[str, Any]:
-    """``kanban show --json``: the card, its retry state, its runs (each with its ``host``;
-    null on a single host) and its events."""
+    """``kanban show --json``: the card, its retry state, its runs (each with its ``host``,
+    null on a single host, and its ``resources``, ``memory_peak`` and ``cpu_time``) and its
+    events."""
     from dispatcher.kanban.views import show_json
+    from dispatcher.launch.resources import sessions_of
 
     store = workspace.store
     card = store.get_card(card_id)
-    doc = show_json(card, store.runs_of(card_id), store.events_of(card_id))
+    runs = store.runs_of(card_id)
+    # Each run's class, peak memory and CPU time come with its session (this host's).
+    sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
+    doc = show_json(card, runs, store.events_of(card_id), sessions)
     hosts = workspace.run_hosts(card_id)
     for run in doc["runs"]:
         run["host"] = hosts.get(run["run_id"])
@@ -174,13 +179,16 @@ def cron_entries(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def history_document(
-    rows: Sequence[FireRecord], hosts: dict[int, str | None] | None
+    rows: Sequence[FireRecord],
+    hosts: dict[int, str | None] | None,
+    sessions: Mapping[str, Session] | None = None,
 ) -> list[dict[str, Any]]:
     """``cron history --json``: ledger rows, each with the ``host`` that decided or ran it in
-    cluster mode (``hosts`` None on a single host: no key)."""
+    cluster mode (``hosts`` None on a single host: no key) and, given this host's
+    ``sessions`` by id, each fire's ``resources``, ``memory_peak`` and ``cpu_time``."""
     from dispatcher.cron.report import row_entry
 
-    entries = [row_entry(row) for row in rows]
+    entries = [row_entry(row, sessions) for row in rows]
     if hosts is not None:
         for row, entry in zip(rows, entries, strict=True):
             entry["host"] = hosts.get(row.id)

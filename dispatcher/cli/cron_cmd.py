@@ -29,6 +29,7 @@ from dispatcher.cron.timeline import EARLIEST, LATEST, CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
 from dispatcher.gateway.statusfile import scheduler_zone
 from dispatcher.launch.outcome import Outcome
+from dispatcher.launch.resources import sessions_of, used_text
 from dispatcher.timefmt import TimeView
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
@@ -38,6 +39,7 @@ from scope.foundation.values import ISO_HINT, parse_iso_time
 
 if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
+    from registry.abc import Session
 
 MAX_COUNT = 1000
 MAX_LIMIT = 1_000_000
@@ -282,14 +284,18 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
     # Cluster mode: the host that decided or ran each fire (a single host's ledger has none).
     fire_hosts = getattr(jobs.ledger, "fire_hosts", None)
     hosts = fire_hosts([row.id for row in rows]) if fire_hosts is not None else None
+    # Each fire's class, peak memory and CPU time come with its session (this host's).
+    ran = [row.session_id for row in rows if row.session_id]
+    sessions = sessions_of(_runtime(ctx).registry, ran) if ran else {}
     if ctx.json:
-        ctx.emit_json(history_document(rows, hosts))
+        ctx.emit_json(history_document(rows, hosts, sessions))
         return 0
     if not rows:
         ctx.out("no cron history")
         return 0
     times = ctx.times()
-    header = ["FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR"]
+    header = ["FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "CLASS", "USED"]
+    header.append("ERROR")
     if hosts is not None:
         header.insert(1, "HOST")
     table: list[tuple[str, ...]] = [tuple(header)]
@@ -305,6 +311,8 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
             row.placement or "-",
             row.session_id or "-",
             exit_text,
+            _class_text(sessions.get(row.session_id or "")),
+            used_text(sessions.get(row.session_id or "")) or "-",
             row.error or "",
         ]
         if hosts is not None:
@@ -312,6 +320,11 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
         table.append(tuple(cells))
     _table(ctx, table)
     return 0
+
+
+def _class_text(session: Session | None) -> str:
+    granted = session.resources if session is not None else None
+    return "-" if granted is None else granted.describe()
 
 
 # -- run -------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from dispatcher.kanban.views import (
     tick_json,
     tick_text,
 )
+from dispatcher.launch.resources import resources_text, sessions_of
 from dispatcher.settings import Settings
 from dispatcher.timefmt import iso
 from scope.abc import CallerKind
@@ -350,8 +351,11 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
     hosts = workspace.run_hosts(card_id)
+    # Each run's class, peak memory and CPU time come with its session (this host's).
+    sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
+    used = {run.run_id: resources_text(sessions.get(run.session_id or "")) for run in runs}
     shown = hosts if workspace.cluster.clustered else None
-    for line in show_text(card, runs, events, times=ctx.times(), hosts=shown):
+    for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, used=used):
         ctx.out(line)
     return 0
 
@@ -456,15 +460,35 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     if args.max is not None and args.max < 0:
         raise UsageError(f"--max {args.max}: must not be negative")
     workspace = _workspace(ctx)
-    report = workspace.tick(max_claims=args.max, dry_run=args.dry_run)
+    held = None if args.dry_run else _admission(ctx)
+    report = workspace.tick(max_claims=0 if held else args.max, dry_run=args.dry_run)
     for warning in report.warnings:
         ctx.warn(f"warning: {warning}")
     if ctx.json:
-        ctx.emit_json(tick_json(report))
+        ctx.emit_json({**tick_json(report), "held": held})
     else:
         for line in tick_text(report):
             ctx.out(line)
+        if held:
+            ctx.out(f"held: {held}: nothing claimed (admission); running workers continue")
     return 0
+
+
+def _admission(ctx: Context) -> str | None:
+    """This host's admission for a oneshot tick (continuing from the last verdict in the
+    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None."""
+    from dispatcher.gateway.admission import HostAdmission
+    from scope.foundation.clock import SystemClock
+
+    admission = HostAdmission(
+        lambda: ctx.settings.admission,
+        ctx.state_dir,
+        ctx.environ,
+        SystemClock(),
+        writer="kanban tick",
+    )
+    verdict = admission.check()
+    return (verdict.reason or "admission") if verdict.held else None
 
 
 # -- worker commands --------------------------------------------------------------------------

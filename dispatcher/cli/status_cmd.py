@@ -98,6 +98,7 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
     cards = ", ".join(f"{k} {n}" for k, n in doc["cards"].items() if n) or "none"
     paused = " (claiming paused)" if doc["kanban_paused"] else ""
     ctx.out(f"cards:      {cards}{paused}")
+    ctx.out(f"admission:  {_admission_text(doc['admission'], times)}")
     _fires_lines(ctx, doc, times)
     for line in cluster_lines(doc.get("cluster")):
         ctx.out(line)
@@ -106,6 +107,18 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
         ctx.out("recent errors:")
         for error in errors:
             ctx.out(f"  {times.both(error.get('at'))}  {error['source']}: {error['message']}")
+
+
+def _admission_text(admission: dict[str, Any], times: TimeView) -> str:
+    """``taking new work (memory pressure 0 %, MemAvailable 5.2GiB)`` or the hold and why."""
+    now = admission["now"]
+    if not admission["enabled"]:
+        return f"off (admission.enabled: false; {now})"
+    if not admission["held"]:
+        return f"taking new work ({now})"
+    since = times.both(admission["since"]) if admission["since"] else "unknown"
+    who = admission["decided_by"] or "unknown"
+    return f"HOLDING new work since {since} ({who}): {admission['reason']}; now {now}"
 
 
 def _placement_text(doc: dict[str, Any], config_broken: bool) -> str:

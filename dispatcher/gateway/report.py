@@ -18,6 +18,7 @@ from dispatcher.app.runtime import Runtime
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import job_active, plan_job
 from dispatcher.cron.zones import host_zone_name
+from dispatcher.gateway.admission import admission_status
 from dispatcher.gateway.lock import read_holder
 from dispatcher.gateway.reload import read_reload
 from dispatcher.gateway.statusfile import read_status
@@ -85,6 +86,7 @@ def status_document(
             "cron_jobs_known": None if config_loaded else _known_jobs(state.ledger),
             "recent_errors": (_unconfigured(store, runtime) if config_loaded else [])
             + _recent_errors(store.db, served.recent_errors if served else []),
+            "admission": admission_status(state_dir, environ, runtime.settings.admission),
         }
 
 
@@ -227,4 +229,9 @@ def status_json(doc: dict[str, Any]) -> dict[str, Any]:
             {"job_id": f["job_id"], "at": iso(f["at"], f["zone"])} for f in doc["next_cron_fires"]
         ],
         "recent_errors": [{**e, "at": iso(e.get("at"))} for e in doc["recent_errors"]],
+        "admission": {
+            **doc["admission"],
+            "since": iso(doc["admission"]["since"]),
+            "decided_at": iso(doc["admission"]["decided_at"]),
+        },
     }

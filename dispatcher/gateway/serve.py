@@ -42,6 +42,7 @@ from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import host_zone_name
 from dispatcher.errors import MissingModule
 from dispatcher.gateway import summary
+from dispatcher.gateway.admission import admitted
 from dispatcher.gateway.exits import EXIT_FAILED, EXIT_OK, EXIT_RESTART, start_failure
 from dispatcher.gateway.limits import raise_fd_limit
 from dispatcher.gateway.lock import ServeLock
@@ -246,6 +247,7 @@ class Gateway:
             runtime.close()
             raise
         self._runtime = runtime
+        self._member = admitted(self._member, self)  # admission under pressure holds claims
         assert self._cluster is not None
         self._store = self._cluster.board
         self._kanban = self._make_kanban(self.settings)

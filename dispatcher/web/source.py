@@ -109,6 +109,7 @@ class Source:
             self.environ,
             degrade_without_scope=self.settings.kanban.degrade_without_scope,
             force_probe=False,
+            classes=self.settings.classes(),
         )
         report["healthy"] = ok
         with self._lock:

@@ -23,6 +23,7 @@ from typing import Any
 from dispatcher.app.documents import card_document, listed_card_json
 from dispatcher.kanban.model import Card, CardEdit, CardStatus
 from dispatcher.kanban.views import SORT_KEYS, card_json, run_json
+from dispatcher.launch.resources import resources_json, sessions_of
 from dispatcher.web.api.spec import ApiUsage, Call, Reply
 
 ORDER = SORT_KEYS["priority"]
@@ -204,4 +205,6 @@ def show_run(call: Call) -> dict[str, Any]:
     run = source.store.resolve_run(call.params["run_id"])
     doc = run_json(source.store.get_run(run.run_id))
     doc["host"] = source.run_hosts([run.card_id]).get(run.run_id)
+    ran = sessions_of(source.registry(), [run.session_id])
+    doc.update(resources_json(ran.get(run.session_id or "")))
     return doc

@@ -8,6 +8,7 @@ from typing import Any
 
 from dispatcher.app.documents import cron_entries, history_document, paused_document
 from dispatcher.cron.report import row_entry
+from dispatcher.launch.resources import sessions_of
 from dispatcher.web.api.spec import Call
 
 
@@ -31,7 +32,9 @@ def history(call: Call) -> list[dict[str, Any]]:
     rows = jobs.ledger.history(job_id, call.params["limit"])
     fire_hosts = getattr(jobs.ledger, "fire_hosts", None)
     hosts = fire_hosts([row.id for row in rows]) if fire_hosts is not None else None
-    return history_document(rows, hosts)
+    ran = [row.session_id for row in rows if row.session_id]
+    sessions = sessions_of(source.registry(), ran) if ran else {}
+    return history_document(rows, hosts, sessions)
 
 
 def run_now(call: Call) -> dict[str, Any]:

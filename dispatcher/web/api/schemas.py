@@ -76,6 +76,16 @@ CARD = obj(
 LISTED_CARD: Schema = {
     "allOf": [ref("Card"), obj({"assignee_configured": nullable("boolean")})],
 }
+RESOURCES: dict[str, Schema] = {
+    "resources": {
+        "type": ["object", "null"],
+        "description": "the class its scope got (class, limits, not_enforced); null: no scope",
+    },
+    "memory_peak": {"type": ["integer", "null"], "description": "bytes, once it ended"},
+    "cpu_time": {"type": ["number", "null"], "description": "seconds, once it ended"},
+}
+"""A run's or fire's resources (docs/resources.md); present where the document has them."""
+
 RUN = obj(
     {
         "run_id": STRING,
@@ -93,8 +103,9 @@ RUN = obj(
         "error": nullable("string"),
         "infrastructure": BOOLEAN,
         "host": nullable("string"),
+        **RESOURCES,
     },
-    optional=("host",),
+    optional=("host", *RESOURCES),
 )
 EVENT = obj(
     {
@@ -169,8 +180,9 @@ FIRE = obj(
         "infrastructure": BOOLEAN,
         "catch_up": BOOLEAN,
         "host": nullable("string"),
+        **RESOURCES,
     },
-    optional=("host",),
+    optional=("host", *RESOURCES),
 )
 PAUSED = obj({"id": STRING, "paused": BOOLEAN, "changed": BOOLEAN})
 HOST = obj(
@@ -196,6 +208,7 @@ STATUS = obj(
         "next_cron_fires": {"type": ["array", "null"]},
         "recent_errors": array({"type": "object"}),
         "cluster": {"type": ["object", "null"]},
+        "admission": obj({"enabled": BOOLEAN, "held": BOOLEAN, "reason": STRING}),
     }
 )
 DELIVERY = obj(
