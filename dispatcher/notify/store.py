@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dispatcher.timefmt import iso
+
 __all__ = ["Delivery", "NotifyStore"]
 
 _COLUMNS = (
@@ -44,12 +46,12 @@ class Delivery:
             "id": self.message_id,
             "channel": self.channel,
             "event": self.event,
-            "created_at": self.created_at,
+            "created_at": iso(self.created_at),
             "state": self.state,
             "attempts": self.attempts,
-            "next_at": self.next_at,
+            "next_at": iso(self.next_at),
             "last_error": self.last_error,
-            "delivered_at": self.delivered_at,
+            "delivered_at": iso(self.delivered_at),
         }
 
 

@@ -216,12 +216,12 @@ DELIVERY = obj(
         "id": STRING,
         "channel": STRING,
         "event": STRING,
-        "created_at": NUMBER,
+        "created_at": TIME,
         "state": {"type": "string", "enum": ["pending", "delivered", "dead"]},
         "attempts": INTEGER,
-        "next_at": NUMBER,
+        "next_at": TIME,
         "last_error": nullable("string"),
-        "delivered_at": nullable("number"),
+        "delivered_at": TIME,
     }
 )
 RETRIED = obj({"id": STRING, "rows": INTEGER})
