@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from dispatcher.app.database import open_state
 from dispatcher.cli import fastpath
 from dispatcher.cli.main import build_parser, main, parse
+from dispatcher.kanban import board
 from dispatcher.kanban.model import Limits, NewCard
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.launch.claimant import Claimant
@@ -191,6 +192,9 @@ def test_the_grammar_is_the_one_argparse_is_given() -> None:
         (positional,) = [a for a in actions if not a.option_strings]
         assert (positional.dest, positional.nargs != "?") == grammar.positional, name
     assert set(fastpath.COMMANDS) <= set(commands)
+    # The fast path's copies of the board's bounds (it must not import the board to parse).
+    assert fastpath.PRIORITY_BOUNDS == board.PRIORITY_RANGE
+    assert fastpath.FAILURE_LIMIT_BOUNDS == board.FAILURE_LIMIT_RANGE
 
 
 def _subparsers(parser: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from dispatcher.launch.outbox import Route
     from dispatcher.notify.store import NotifyStore
     from dispatcher.settings import Settings
+    from dispatcher.tokens.store import TokenStore
 
 __all__ = ["ClusterState", "cluster_url", "open_cluster_state", "open_local_state"]
 
@@ -118,6 +119,16 @@ class ClusterState:
             db = self.db
             return NotifyStore(db.read, lambda: db.write(None), skip_locked=True)
         return NotifyStore(self.local.read, self.local.write)
+
+    def token_store(self) -> TokenStore:
+        """The HTTP API's tokens beside the board (cluster mode: every host's web accepts
+        them)."""
+        from dispatcher.tokens.store import TokenStore
+
+        if self.db is not None:
+            db = self.db
+            return TokenStore(db.read, lambda: db.write(None))
+        return TokenStore(self.local.read, self.local.write)
 
     def run_hosts(self, card_id: str) -> dict[str, str | None]:
         """The host of each run of a card (empty for a single host)."""

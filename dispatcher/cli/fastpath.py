@@ -39,9 +39,10 @@ PATH: Kind = ("path",)
 APPEND: Kind = ("append",)
 FLAG: Kind = ("flag",)
 PRIORITY_BOUNDS = (-(10**9), 10**9)
-"""``--priority``: a card's priority (``kanban_cmd`` gives argparse the same bounds)."""
+"""``--priority``: ``dispatcher.kanban.board.PRIORITY_RANGE``, which argparse is given (a copy:
+the board is not imported to read a command line; a test compares them)."""
 FAILURE_LIMIT_BOUNDS = (1, 10**6)
-"""``--failure-limit``: a card's own failure limit."""
+"""``--failure-limit``: ``dispatcher.kanban.board.FAILURE_LIMIT_RANGE``, likewise."""
 BLOCK_KINDS = ("needs_input", "transient")
 """``block --kind``."""
 
