@@ -28,7 +28,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -64,31 +63,56 @@ CONFIG = "kanban:\n  assignees:\n    w:\n      command: [sh, -c, ':']\n"
 HOST = "bench-host"
 
 
+# Claims cards through the board store of the tree it runs in (its cwd), one per input line.
+CLAIMER = """
+import sys, time
+from pathlib import Path
+from dispatcher.app.database import open_state
+from dispatcher.kanban.model import Limits, NewCard
+from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
+db = open_state(Path(sys.argv[1]))
+store, me, limits = SqliteBoardStore(db), Claimant.current(), Limits(max_in_progress=10**9)
+for _ in sys.stdin:
+    now = time.time()
+    card, _ = store.add_card(NewCard(title="bench", assignee="w"), now=now)
+    claim = store.claim(card.id, now=now, claimer=me, limits=limits)
+    print(card.id, claim.run.run_id, flush=True)
+db.close()
+"""
+
+
 class Claims:
-    """Running cards on one state dir, claimed through the board store (one per report)."""
+    """Running cards on one state dir, claimed through the board store (one per report) of
+    the source tree ``cwd`` (a helper process in it: an older tree refuses a database that
+    newer code has migrated)."""
 
-    def __init__(self, state_dir: Path) -> None:
-        from dispatcher.app.database import open_state
-        from dispatcher.kanban.model import Limits, NewCard
-        from dispatcher.kanban.store import SqliteBoardStore
-        from dispatcher.launch.claimant import Claimant
-
-        self._db = open_state(state_dir)
-        self._store = SqliteBoardStore(self._db)
-        self._new, self._limits = NewCard, Limits(max_in_progress=10**9)
-        self._claimant = Claimant.current()
+    def __init__(self, state_dir: Path, cwd: Path | None) -> None:
+        self._helper = subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, str(state_dir)],
+            cwd=cwd or REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def next(self) -> tuple[str, str]:
         """A new card, claimed: its id and its run's id."""
-        now = time.time()
-        card, _ = self._store.add_card(self._new(title="bench", assignee="w"), now=now)
-        claim = self._store.claim(card.id, now=now, claimer=self._claimant, limits=self._limits)
-        assert claim.run is not None, claim.verdict
-        return card.id, claim.run.run_id
+        assert self._helper.stdin is not None and self._helper.stdout is not None
+        self._helper.stdin.write("claim\n")
+        self._helper.stdin.flush()
+        card, run = self._helper.stdout.readline().split()
+        return card, run
 
     def close(self) -> None:
-        """Close the database."""
-        self._db.close()
+        """End the helper."""
+        assert self._helper.stdin is not None
+        self._helper.stdin.close()
+        try:
+            self._helper.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._helper.kill()
+            self._helper.wait()
 
 
 def _report(
@@ -110,7 +134,7 @@ def _side(
     """The ``dispatch`` commands of one source tree (``cwd``; None: this one), on a state dir of
     their own."""
     state = scratch / f"state{label}"
-    claims = Claims(state)
+    claims = Claims(state, cwd)
     fixed = {"DISPATCH_STATE_DIR": str(state)}
     commands: dict[str, Sequence[str] | Callable[[], Launch]] = {
         VERSION + label: lambda: Launch(argv=[*CLI, "--version"], env=fixed, cwd=cwd),
