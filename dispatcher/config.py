@@ -40,7 +40,7 @@ class ConfigIdentity:
     @classmethod
     def of(cls, path: Path, info: os.stat_result, raw: bytes) -> ConfigIdentity:
         """The identity of ``raw``, read from the open file ``info`` describes."""
-        import hashlib  # here: only reading a file needs it
+        from scope.foundation.digest import sha256_hex
 
         return cls(
             path=os.path.abspath(path),
@@ -48,7 +48,7 @@ class ConfigIdentity:
             ino=info.st_ino,
             size=info.st_size,
             mtime_ns=info.st_mtime_ns,
-            sha256=hashlib.sha256(raw).hexdigest(),
+            sha256=sha256_hex(raw),
         )
 
 

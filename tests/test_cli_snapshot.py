@@ -9,9 +9,11 @@ is corrupt (rebuilt), not ours, writable by others or a symlink, nor with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from dispatcher.app.database import open_state
 from dispatcher.kanban.model import Limits
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.launch.claimant import Claimant
+from scope.foundation.digest import sha256_hex
 from tests.support.cli import run_dispatch, state_env
 
 CONFIG = "kanban:\n  assignees:\n    alpha: {command: [sh, -c, ':']}\n"
@@ -150,3 +153,14 @@ def test_a_worker_report_reads_the_snapshot_too(setup: Any) -> None:
         db.close()
     assert stored.blocked_until is not None
     assert stored.blocked_until - stored.updated_at == 4242.0
+
+
+@pytest.mark.parametrize("builtin", [True, False])
+def test_the_digest_is_sha256_with_or_without_the_builtin_module(
+    monkeypatch: pytest.MonkeyPatch, builtin: bool
+) -> None:
+    if not builtin:  # as on a Python built without its own SHA-256: hashlib's
+        monkeypatch.setitem(sys.modules, "_sha2", None)
+        monkeypatch.setitem(sys.modules, "_sha256", None)
+    for data in (b"", b"abc", bytes(range(256)) * 99):
+        assert sha256_hex(data) == hashlib.sha256(data).hexdigest()

@@ -26,7 +26,6 @@ facts here, and the next ones read them instead, as long as the file is unchange
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -41,6 +40,7 @@ from dispatcher.config import ConfigIdentity, read_config_bytes
 from dispatcher.launch.outbox import Route
 from registry.errors import StateError
 from registry.store.database import check_private, ensure_private_dir
+from scope.foundation.digest import sha256_hex
 
 if TYPE_CHECKING:
     from dispatcher.config import LoadedConfig
@@ -89,7 +89,7 @@ def snapshot_file(state_dir: Path, config: Path | None) -> Path:
     """Where the snapshot of ``config`` (None: the built-in defaults) lives."""
     name = "defaults"
     if config is not None:
-        name = hashlib.sha256(os.fsencode(os.path.abspath(config))).hexdigest()
+        name = sha256_hex(os.fsencode(os.path.abspath(config)))
     return Path(state_dir) / CACHE_DIR / f"config-{name[:16]}.json"
 
 

@@ -9,9 +9,10 @@ and the gateway trusts none: the worst a stray poke can do is cause an extra, ch
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from scope.foundation.digest import sha256_hex
 
 if TYPE_CHECKING:
     import socket
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 def wake_address(state_dir: Path) -> bytes:
     """The abstract socket name of the gateway serving ``state_dir``."""
-    digest = hashlib.sha256(str(Path(state_dir).resolve()).encode()).hexdigest()[:24]
+    digest = sha256_hex(str(Path(state_dir).resolve()).encode())[:24]
     return b"\0dispatch-serve-" + digest.encode()
 
 
