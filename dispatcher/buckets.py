@@ -177,7 +177,7 @@ def buckets_of(
     ]
 
 
-Flows = Mapping[tuple[str, str], int]
+Flows = dict[tuple[str, str], int]
 """How many status changes one bucket holds, by (from, to); ``""`` is "no status" (a card that
 did not exist yet)."""
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -103,6 +104,16 @@ class PgBoardStore(SqlBoardStore):
 
     PARENT_ORDER = "position"
     PREFIX_MATCH = "starts_with({column}, ?)"
+    # The history and search reads' spellings (dispatcher.kanban.sqlhistory): the same
+    # buckets, ASCII-only case folding and byte order as SQLite's.
+    BUCKET = "floor(({column} - ?) / ?)::bigint"
+    JSON_TEXT = "({column}::json ->> '{key}')"
+    TITLE_HAS = (
+        f"strpos(translate(c.title, '{string.ascii_uppercase}', '{string.ascii_lowercase}'), ?) > 0"
+    )
+    GREATEST = "greatest"
+    TEXT_ORDER = ' COLLATE "C"'
+    RUN_HOST = "r.host_id"
 
     def __init__(
         self,

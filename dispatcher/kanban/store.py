@@ -40,10 +40,10 @@ from dispatcher.kanban.rows import (
 )
 from dispatcher.kanban.sql import (
     WAITING_SQL,
-    SqlBoard,
     SqlConnection,
     SqlDatabase,
 )
+from dispatcher.kanban.sqlhistory import SqlHistory
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
 from registry.store.database import StateDB
@@ -52,7 +52,7 @@ from scope.foundation.errors import NotFoundError
 __all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore"]
 
 
-class SqlBoardStore(SqlBoard):
+class SqlBoardStore(SqlHistory):
     """The board in a SQL database (tables of :mod:`dispatcher.kanban.tables`)."""
 
     # -- cards -------------------------------------------------------------------------------

@@ -1,0 +1,287 @@
+"""The board's history and search in SQL: :class:`SqlHistory`, shared by SQLite and PostgreSQL.
+
+Every read is a range on an index, never a walk of the whole board or log:
+
+* runs by end time (``kanban_runs_ended``): the charts' buckets, the runs behind a bar, the
+  timeline (plus the open runs, ``kanban_runs_open``);
+* events by sequence number: the log is appended in time order, so the first event of a window
+  is found by a binary search on the primary key (:meth:`SqlHistory._first_seq`; a margin of
+  :data:`SKEW` covers writers whose clock reading and commit are a moment apart), and the
+  window's events are the range after it;
+* a card's own events and runs (``kanban_events_card``, ``kanban_runs_card``) for each run's wait.
+
+Counting and percentiles happen in the database (``GROUP BY``, ``row_number()`` over each
+bucket), so a month of runs comes back as a few rows per bucket. The arithmetic is
+:mod:`dispatcher.buckets`' (nearest rank ``(q * n + 99) / 100``). What differs between the two
+databases is in the class attributes a backend overrides (:class:`dispatcher.cluster.board.
+PgBoardStore`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dispatcher.buckets import QUANTILES, Bucket, Flows, Spread, Window
+from dispatcher.kanban import search
+from dispatcher.kanban.history import DATA_KEYS, DEFERRED_CLOSE, STATUS_KINDS, RunLine, transition
+from dispatcher.kanban.model import CardStatus
+from dispatcher.kanban.rows import CARD_COLUMNS, card_of, run_of
+from dispatcher.kanban.search import CardPage, CardQuery
+from dispatcher.kanban.sql import SqlBoard, SqlConnection
+
+SKEW = 300.0
+"""Seconds an event's time may run behind the one appended before it (see the docstring)."""
+
+_STATUS_KINDS = ", ".join(f"'{k}'" for k in sorted(STATUS_KINDS))
+_DATA_KINDS = {
+    "from": ("moved", "archived"),
+    "to": ("moved",),
+    "status": ("created", "unblocked"),
+    "by": ("blocked",),
+    "outcome": ("exit_ignored",),
+}
+"""Which kinds' data :func:`~dispatcher.kanban.history.transition` reads each field of."""
+
+
+class SqlHistory(SqlBoard):
+    """The history and search reads of the board store contract, in SQL."""
+
+    BUCKET = "CAST(({column} - ?) / ? AS INTEGER)"
+    """The bucket of ``{column}`` given the window's start and step (values are >= start)."""
+    JSON_TEXT = "json_extract({column}, '$.{key}')"
+    """A text field of a JSON text column."""
+    TITLE_HAS = "instr(lower(c.title), ?) > 0"
+    """The card's title holds the bound text (lowered ASCII letters)."""
+    GREATEST = "max"
+    TEXT_ORDER = ""
+    """Appended to a text column in ``ORDER BY`` (PostgreSQL: byte order, as SQLite's)."""
+    RUN_HOST = "NULL"
+    """The column naming a run's host (cluster mode)."""
+
+    def _bucket(self, column: str) -> str:
+        return self.BUCKET.format(column=column)
+
+    # -- charts ------------------------------------------------------------------------------
+
+    def run_buckets(self, window: Window, *, assignee: str | None = None) -> list[Bucket]:
+        where = " AND c.assignee = ?" if assignee is not None else ""
+        extra = [assignee] if assignee is not None else []
+        frame = [window.start, window.step, window.start, window.end, *extra]
+        join = "FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
+        inside = f"r.ended_at >= ? AND r.ended_at < ?{where}"
+        b = self._bucket("r.ended_at")
+        since = (
+            f"{self.GREATEST}(coalesce((SELECT max(e.at) FROM kanban_events e"  # noqa: S608
+            " WHERE e.card_id = r.card_id AND e.at <= r.claimed_at"
+            f" AND e.kind IN ({_STATUS_KINDS}) AND (e.run_id IS NULL OR e.run_id <> r.run_id)),"
+            " r.claimed_at), coalesce((SELECT max(p.ended_at) FROM kanban_runs p"
+            " WHERE p.card_id = r.card_id AND p.ended_at <= r.claimed_at), 0))"
+        )
+        counts: list[dict[str, int]] = [{} for _ in range(window.count)]
+        spreads: dict[str, list[Spread]] = {}
+        with self.db.read() as conn:
+            for row in conn.execute(
+                f"SELECT {b}, r.outcome, count(*) {join} WHERE {inside}"
+                " AND r.outcome IS NOT NULL GROUP BY 1, 2",
+                frame,
+            ):
+                at = counts[_clamp(row[0], window)]
+                at[str(row[1])] = at.get(str(row[1]), 0) + int(row[2])
+            for name, value in (
+                ("wait", f"r.started_at - {since}"),
+                ("run", "r.ended_at - r.started_at"),
+            ):
+                values = (
+                    f"SELECT {b} AS b, {value} AS x {join}"
+                    f" WHERE {inside} AND r.started_at IS NOT NULL"
+                )
+                spreads[name] = _spreads(conn, values, frame, window)
+        return [
+            Bucket(counts[i], {name: per[i] for name, per in spreads.items()})
+            for i in range(window.count)
+        ]
+
+    def status_flows(self, window: Window) -> tuple[dict[str, int], list[Flows]]:
+        fields = ", ".join(
+            "CASE WHEN e.kind IN ({}) THEN {} END".format(
+                ", ".join(f"'{k}'" for k in _DATA_KINDS[key]),
+                self.JSON_TEXT.format(column="e.data", key=key),
+            )
+            for key in DATA_KEYS
+        )
+        b = self._bucket("e.at")
+        kinds = ", ".join(f"'{k}'" for k in sorted({*STATUS_KINDS, "exit_ignored"}))
+        flows: list[dict[tuple[str, str], int]] = [{} for _ in range(window.count)]
+
+        def add(bucket: Any, change: tuple[str, str] | None, n: int) -> None:
+            if change is not None:
+                i = _clamp(bucket, window)
+                flows[i][change] = flows[i].get(change, 0) + n
+
+        with self.db.read() as conn:
+            counts = dict.fromkeys((s.value for s in CardStatus), 0)
+            for row in conn.execute("SELECT status, count(*) FROM kanban_cards GROUP BY status"):
+                counts[str(row[0])] = int(row[1])
+            first = self._first_seq(conn, window.start - SKEW)
+            for row in conn.execute(
+                f"SELECT {b}, e.kind, {fields}, count(*) FROM kanban_events e"  # noqa: S608
+                f" WHERE e.seq >= ? AND e.at >= ? AND e.at < ? AND e.kind IN ({kinds})"
+                f" GROUP BY {', '.join(str(1 + i) for i in range(2 + len(DATA_KEYS)))}",
+                [window.start, window.step, first, window.start, window.end],
+            ):
+                data = {k: v for k, v in zip(DATA_KEYS, row[2:-1], strict=True) if v is not None}
+                add(row[0], transition(str(row[1]), data), int(row[-1]))
+            rb = self._bucket("ended_at")
+            for row in conn.execute(
+                f"SELECT {rb}, count(*) FROM kanban_runs WHERE ended_at >= ? AND ended_at < ?"  # noqa: S608
+                " AND outcome = 'deferred' GROUP BY 1",
+                [window.start, window.step, window.start, window.end],
+            ):
+                add(row[0], transition(DEFERRED_CLOSE, {}), int(row[1]))
+        return counts, flows
+
+    @staticmethod
+    def _first_seq(conn: SqlConnection, at: float) -> int:
+        """The smallest sequence number from which every event is at ``at`` or later
+        (a binary search on the primary key; events are appended in time order)."""
+        row = conn.execute("SELECT min(seq), max(seq) FROM kanban_events").fetchone()
+        if row is None or row[0] is None:
+            return 0
+        lo, hi = int(row[0]), int(row[1]) + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            probe = conn.execute(
+                "SELECT at FROM kanban_events WHERE seq >= ? ORDER BY seq LIMIT 1", (mid,)
+            ).fetchone()
+            if probe is None or float(probe[0]) >= at:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # -- runs behind a bar, runs on a timeline -----------------------------------------------
+
+    def runs_in(
+        self,
+        start: float,
+        end: float,
+        *,
+        ended: bool = False,
+        outcome: str | None = None,
+        assignee: str | None = None,
+        limit: int = 500,
+    ) -> list[RunLine]:
+        head = (
+            f"SELECT r.*, c.assignee AS card_assignee, c.title AS card_title,"  # noqa: S608
+            f" {self.RUN_HOST} AS run_host"
+            " FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
+        )
+        where, params = "", []
+        if outcome is not None:
+            where += " AND r.outcome = ?"
+            params.append(outcome)
+        if assignee is not None:
+            where += " AND c.assignee = ?"
+            params.append(assignee)
+        limit = max(0, int(limit))
+        with self.db.read() as conn:
+            if ended:
+                rows = conn.execute(
+                    f"{head} WHERE r.ended_at >= ? AND r.ended_at < ?{where}"
+                    " ORDER BY r.ended_at, r.run_id LIMIT ?",
+                    [start, end, *params, limit],
+                ).fetchall()
+            else:
+                rows = conn.execute(
+                    f"{head} WHERE r.ended_at >= ? AND r.claimed_at < ?{where}"
+                    " ORDER BY r.claimed_at, r.run_id LIMIT ?",
+                    [start, end, *params, limit],
+                ).fetchall()
+                rows += conn.execute(
+                    f"{head} WHERE r.outcome IS NULL AND r.claimed_at < ?{where}"
+                    " ORDER BY r.claimed_at, r.run_id LIMIT ?",
+                    [end, *params, limit],
+                ).fetchall()
+                rows.sort(key=lambda row: (row["claimed_at"], row["run_id"]))
+        return [
+            RunLine(
+                run=run_of(row),
+                assignee=row["card_assignee"],
+                title=row["card_title"],
+                host=row["run_host"],
+            )
+            for row in rows[:limit]
+        ]
+
+    # -- search ------------------------------------------------------------------------------
+
+    def search_cards(self, query: CardQuery) -> CardPage:
+        search.no_groups(query)
+        clauses: list[str] = []
+        params: list[Any] = []
+        if query.statuses:
+            clauses.append(f"c.status IN ({', '.join('?' for _ in query.statuses)})")
+            params += [s.value for s in query.statuses]
+        else:
+            clauses.append("c.status != 'archived'")
+        if query.id_prefix:
+            clauses.append(self.PREFIX_MATCH.format(column="c.id"))
+            params.append(search.CARD_PREFIX + query.id_prefix)
+        if query.assignee is not None:
+            clauses.append("c.assignee = ?")
+            params.append(query.assignee)
+        if query.changed_after is not None:
+            clauses.append("c.updated_at >= ?")
+            params.append(query.changed_after)
+        if query.created_after is not None:
+            clauses.append("c.created_at >= ?")
+            params.append(query.created_after)
+        for word in query.words:
+            clauses.append(self.TITLE_HAS)
+            params.append(search.fold(word))
+        where = " AND ".join(clauses)
+        column = "c." + search.SORT_COLUMNS[query.sort]
+        if query.sort in (search.SortKey.TITLE, search.SortKey.STATUS, search.SortKey.ASSIGNEE):
+            column += self.TEXT_ORDER
+        way = " DESC" if query.descending else ""
+        columns = ", ".join("c." + name.strip() for name in CARD_COLUMNS.split(","))
+        with self.db.read() as conn:
+            total = conn.execute(
+                f"SELECT count(*) FROM kanban_cards c WHERE {where}",  # noqa: S608
+                params,
+            ).fetchone()[0]
+            rows = conn.execute(
+                f"SELECT {columns} FROM kanban_cards c WHERE {where}"  # noqa: S608
+                f" ORDER BY {column}{way}, c.id{self.TEXT_ORDER}{way} LIMIT ? OFFSET ?",
+                [*params, query.limit, query.offset],
+            ).fetchall()
+            parents = self._parents(conn, [r["id"] for r in rows])
+        return CardPage([card_of(r, parents.get(r["id"], [])) for r in rows], int(total))
+
+
+def _clamp(bucket: Any, window: Window) -> int:
+    # A value a hair below the window's end may round up into the bucket after the last.
+    return max(0, min(window.count - 1, int(bucket)))
+
+
+def _spreads(conn: SqlConnection, values: str, frame: list[Any], window: Window) -> list[Spread]:
+    """The spread of each bucket's values (``values`` selects ``b`` and ``x``), computed in the
+    database: each bucket's values ranked, only the rows at the wanted ranks returned."""
+    ranks = " OR ".join(f"k = ({q} * n + 99) / 100" for q in QUANTILES)
+    sql = (
+        f"WITH v AS ({values}), ranked AS (SELECT b, x,"  # noqa: S608
+        " row_number() OVER (PARTITION BY b ORDER BY x) AS k,"
+        " count(*) OVER (PARTITION BY b) AS n FROM v)"
+        f" SELECT b, n, k, x FROM ranked WHERE {ranks}"
+    )
+    found: dict[int, tuple[int, dict[int, float]]] = {}
+    for row in conn.execute(sql, frame):
+        n, k = int(row[1]), int(row[2])
+        at = found.setdefault(_clamp(row[0], window), (n, {}))[1]
+        for q in QUANTILES:
+            if (q * n + 99) // 100 == k:
+                at[q] = float(row[3])
+    spreads = [Spread() for _ in range(window.count)]
+    for i, (n, at) in found.items():
+        spreads[i] = Spread(n, tuple(at.get(q) for q in QUANTILES))
+    return spreads
