@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 RANGES: dict[str, tuple[float, float]] = {
     "1h": (3600.0, 15.0),
@@ -175,6 +176,41 @@ def buckets_of(
         Bucket(counts, {name: Spread.of(per[i]) for name, per in values.items()})
         for i, counts in enumerate(counts)
     ]
+
+
+def ranked_sql(values: str) -> str:
+    """SQL that returns, for the rows of ``values`` (a ``SELECT`` of a bucket number ``b`` and
+    a value ``x``), only the rows at the nearest ranks of :data:`QUANTILES` within each bucket,
+    as ``(b, n, k, x)``: the bucket, its number of values, the rank and the value. Standard
+    SQL (window functions) that SQLite and PostgreSQL both run; :func:`spreads_from` reads it."""
+    ranks = " OR ".join(f"k = ({q} * n + 99) / 100" for q in QUANTILES)
+    return (
+        f"WITH v AS ({values}), ranked AS (SELECT b, x,"  # noqa: S608 - constants only
+        " row_number() OVER (PARTITION BY b ORDER BY x) AS k,"
+        " count(*) OVER (PARTITION BY b) AS n FROM v)"
+        f" SELECT b, n, k, x FROM ranked WHERE {ranks}"
+    )
+
+
+def spreads_from(rows: Iterable[Sequence[Any]], win: Window) -> list[Spread]:
+    """Each bucket's spread from the rows :func:`ranked_sql` returns."""
+    found: dict[int, tuple[int, dict[int, float]]] = {}
+    for b, n, k, x in rows:
+        count, at = int(n), int(k)
+        values = found.setdefault(clamp(b, win), (count, {}))[1]
+        for q in QUANTILES:
+            if rank(count, q) == at:
+                values[q] = float(x)
+    spreads = [Spread() for _ in range(win.count)]
+    for i, (count, values) in found.items():
+        spreads[i] = Spread(count, tuple(values.get(q) for q in QUANTILES))
+    return spreads
+
+
+def clamp(bucket: Any, win: Window) -> int:
+    """A bucket number computed in SQL, kept inside the window (a time a hair below the
+    window's end may round up to the bucket after the last)."""
+    return max(0, min(win.count - 1, int(bucket)))
 
 
 Flows = dict[tuple[str, str], int]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dispatcher.cron.tables import DECIDED_INDEX
+
 BOARD = """
 CREATE TABLE kanban_cards (
     id text PRIMARY KEY,
@@ -185,6 +187,7 @@ MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (3, "the claimant's boot id", "ALTER TABLE kanban_runs ADD COLUMN claimer_boot text;"),
     (4, "the notification outbox", OUTBOX),
     (5, "runs and fires by end time", HISTORY_INDEXES),
+    (6, "settled fires that never ran, by decision time", DECIDED_INDEX),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from registry.store.database import Component, Migration
 
-__all__ = ["COMPONENT", "SCHEMA_V1"]
+__all__ = ["COMPONENT", "DECIDED_INDEX", "SCHEMA_V1"]
 
 SCHEMA_V1 = """
 CREATE TABLE cron_fires (
@@ -53,6 +53,10 @@ CREATE TABLE cron_jobs (
 );
 """
 
+DECIDED_INDEX = "CREATE INDEX cron_fires_decided ON cron_fires (decided_at) WHERE ended_at IS NULL;"
+"""Decisions that never became a worker (skipped, missed, coalesced) have no end time; the
+charts count them when they were decided."""
+
 COMPONENT = Component(
     name="cron",
     migrations=[
@@ -61,6 +65,11 @@ COMPONENT = Component(
             version=2,
             apply="CREATE INDEX cron_fires_ended ON cron_fires (ended_at);",
             note="fires by end time (the web's charts read a time range)",
+        ),
+        Migration(
+            version=3,
+            apply=DECIDED_INDEX,
+            note="settled fires that never ran, by decision time (the web's charts)",
         ),
     ],
 )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.buckets import QUANTILES, Bucket, Flows, Spread, Window
+from dispatcher.buckets import Bucket, Flows, Spread, Window, clamp, ranked_sql, spreads_from
 from dispatcher.kanban import search
 from dispatcher.kanban.history import DATA_KEYS, DEFERRED_CLOSE, STATUS_KINDS, RunLine, transition
 from dispatcher.kanban.model import CardStatus
@@ -85,7 +85,7 @@ class SqlHistory(SqlBoard):
                 " AND r.outcome IS NOT NULL GROUP BY 1, 2",
                 frame,
             ):
-                at = counts[_clamp(row[0], window)]
+                at = counts[clamp(row[0], window)]
                 at[str(row[1])] = at.get(str(row[1]), 0) + int(row[2])
             for name, value in (
                 ("wait", f"r.started_at - {since}"),
@@ -95,7 +95,7 @@ class SqlHistory(SqlBoard):
                     f"SELECT {b} AS b, {value} AS x {join}"
                     f" WHERE {inside} AND r.started_at IS NOT NULL"
                 )
-                spreads[name] = _spreads(conn, values, frame, window)
+                spreads[name] = spreads_from(conn.execute(ranked_sql(values), frame), window)
         return [
             Bucket(counts[i], {name: per[i] for name, per in spreads.items()})
             for i in range(window.count)
@@ -115,7 +115,7 @@ class SqlHistory(SqlBoard):
 
         def add(bucket: Any, change: tuple[str, str] | None, n: int) -> None:
             if change is not None:
-                i = _clamp(bucket, window)
+                i = clamp(bucket, window)
                 flows[i][change] = flows[i].get(change, 0) + n
 
         with self.db.read() as conn:
@@ -257,31 +257,3 @@ class SqlHistory(SqlBoard):
             ).fetchall()
             parents = self._parents(conn, [r["id"] for r in rows])
         return CardPage([card_of(r, parents.get(r["id"], [])) for r in rows], int(total))
-
-
-def _clamp(bucket: Any, window: Window) -> int:
-    # A value a hair below the window's end may round up into the bucket after the last.
-    return max(0, min(window.count - 1, int(bucket)))
-
-
-def _spreads(conn: SqlConnection, values: str, frame: list[Any], window: Window) -> list[Spread]:
-    """The spread of each bucket's values (``values`` selects ``b`` and ``x``), computed in the
-    database: each bucket's values ranked, only the rows at the wanted ranks returned."""
-    ranks = " OR ".join(f"k = ({q} * n + 99) / 100" for q in QUANTILES)
-    sql = (
-        f"WITH v AS ({values}), ranked AS (SELECT b, x,"  # noqa: S608
-        " row_number() OVER (PARTITION BY b ORDER BY x) AS k,"
-        " count(*) OVER (PARTITION BY b) AS n FROM v)"
-        f" SELECT b, n, k, x FROM ranked WHERE {ranks}"
-    )
-    found: dict[int, tuple[int, dict[int, float]]] = {}
-    for row in conn.execute(sql, frame):
-        n, k = int(row[1]), int(row[2])
-        at = found.setdefault(_clamp(row[0], window), (n, {}))[1]
-        for q in QUANTILES:
-            if (q * n + 99) // 100 == k:
-                at[q] = float(row[3])
-    spreads = [Spread() for _ in range(window.count)]
-    for i, (n, at) in found.items():
-        spreads[i] = Spread(n, tuple(at.get(q) for q in QUANTILES))
-    return spreads
