@@ -1,9 +1,9 @@
 """Time buckets for the history pages: windows, counts per bucket, percentiles, queue depth.
 
 Pure functions of plain numbers (no I/O, no clock): the board store and the cron ledger answer
-per-bucket questions with indexed range reads (their SQL does the same arithmetic, see
-:mod:`dispatcher.kanban.sqlhistory` and :mod:`dispatcher.cron.history`), the in-memory stores
-answer them with these functions, and the web draws what comes back. A window's buckets are
+per-bucket questions with indexed range reads (:mod:`dispatcher.kanban.sqlhistory`,
+:mod:`dispatcher.cron.history`) streamed through a :class:`Tally`, as the in-memory stores
+stream their records, and the web draws what comes back. A window's buckets are
 aligned to multiples of its step, so two dashboards opened a few seconds apart ask for the same
 buckets and share one cached answer per bucket.
 
@@ -11,8 +11,7 @@ Outcomes are data: a bucket counts whatever outcome strings the rows carry, so a
 later shows up without a change here.
 
 Percentiles are nearest-rank: the ``q``-th percentile of ``n`` values is the value at rank
-``ceil(q * n / 100)`` of the sorted values (:func:`rank`), always one of the values; the SQL
-computes the same rank with integer arithmetic, ``(q * n + 99) / 100``.
+``ceil(q * n / 100)`` of the sorted values (:func:`rank`), always one of the values.
 """
 
 from __future__ import annotations
@@ -76,7 +75,8 @@ class Window:
         """The bucket ``at`` falls in (None outside the window)."""
         if at < self.start or at >= self.end:
             return None
-        return min(self.count - 1, int((at - self.start) // self.step))
+        # Divided, then truncated: what the SQL stores compute (CAST, floor), to the bit.
+        return min(self.count - 1, int((at - self.start) / self.step))
 
     def part(self, first: int, count: int) -> Window:
         """The ``count`` buckets from bucket ``first`` as a window of their own."""
@@ -97,16 +97,6 @@ def order_outcomes(seen: Iterable[str]) -> list[str]:
     found = set(seen)
     known = [o for o in KNOWN_ORDER if o in found]
     return known + sorted(found - set(KNOWN_ORDER))
-
-
-def count_by(win: Window, rows: Iterable[tuple[float, str]]) -> list[dict[str, int]]:
-    """Per bucket, how many ``(at, label)`` rows fall in it by label (outside rows ignored)."""
-    counts: list[dict[str, int]] = [{} for _ in range(win.count)]
-    for at, label in rows:
-        i = win.index(at)
-        if i is not None:
-            counts[i][label] = counts[i].get(label, 0) + 1
-    return counts
 
 
 def rank(n: int, q: int) -> int:
@@ -157,54 +147,52 @@ class Bucket:
         return sum(self.counts.values())
 
 
+class Tally:
+    """Counts and values per bucket of a window, filled one row at a time (a range read streams
+    its rows in), then read as :class:`Bucket` records."""
+
+    def __init__(self, win: Window, measures: Sequence[str]) -> None:
+        self.win = win
+        self.counts: list[dict[str, int]] = [{} for _ in range(win.count)]
+        self.values: dict[str, list[list[float]]] = {
+            name: [[] for _ in range(win.count)] for name in measures
+        }
+
+    def count(self, i: int, label: str, n: int = 1) -> None:
+        """``n`` more of ``label`` in bucket ``i``."""
+        counts = self.counts[i]
+        counts[label] = counts.get(label, 0) + n
+
+    def measure(self, name: str, i: int, value: float) -> None:
+        """One value of measure ``name`` in bucket ``i``."""
+        self.values[name][i].append(value)
+
+    def buckets(self) -> list[Bucket]:
+        """Every bucket's counts and spreads."""
+        return [
+            Bucket(counts, {name: Spread.of(per[i]) for name, per in self.values.items()})
+            for i, counts in enumerate(self.counts)
+        ]
+
+
 def buckets_of(
     win: Window,
     labelled: Iterable[tuple[float, str]],
     measured: Mapping[str, Iterable[tuple[float, float]]],
 ) -> list[Bucket]:
     """Per bucket, the ``(at, label)`` rows counted and each measure's ``(at, value)`` rows
-    spread: what the in-memory stores answer (the SQL stores compute the same)."""
-    counts = count_by(win, labelled)
-    values: dict[str, list[list[float]]] = {}
+    spread (rows outside the window are left out)."""
+    tally = Tally(win, list(measured))
+    for at, label in labelled:
+        i = win.index(at)
+        if i is not None:
+            tally.count(i, label)
     for name, rows in measured.items():
-        values[name] = [[] for _ in range(win.count)]
         for at, value in rows:
             i = win.index(at)
             if i is not None:
-                values[name][i].append(value)
-    return [
-        Bucket(counts, {name: Spread.of(per[i]) for name, per in values.items()})
-        for i, counts in enumerate(counts)
-    ]
-
-
-def ranked_sql(values: str) -> str:
-    """SQL that returns, for the rows of ``values`` (a ``SELECT`` of a bucket number ``b`` and
-    a value ``x``), only the rows at the nearest ranks of :data:`QUANTILES` within each bucket,
-    as ``(b, n, k, x)``: the bucket, its number of values, the rank and the value. Standard
-    SQL (window functions) that SQLite and PostgreSQL both run; :func:`spreads_from` reads it."""
-    ranks = " OR ".join(f"k = ({q} * n + 99) / 100" for q in QUANTILES)
-    return (
-        f"WITH v AS ({values}), ranked AS (SELECT b, x,"  # noqa: S608 - constants only
-        " row_number() OVER (PARTITION BY b ORDER BY x) AS k,"
-        " count(*) OVER (PARTITION BY b) AS n FROM v)"
-        f" SELECT b, n, k, x FROM ranked WHERE {ranks}"
-    )
-
-
-def spreads_from(rows: Iterable[Sequence[Any]], win: Window) -> list[Spread]:
-    """Each bucket's spread from the rows :func:`ranked_sql` returns."""
-    found: dict[int, tuple[int, dict[int, float]]] = {}
-    for b, n, k, x in rows:
-        count, at = int(n), int(k)
-        values = found.setdefault(clamp(b, win), (count, {}))[1]
-        for q in QUANTILES:
-            if rank(count, q) == at:
-                values[q] = float(x)
-    spreads = [Spread() for _ in range(win.count)]
-    for i, (count, values) in found.items():
-        spreads[i] = Spread(count, tuple(values.get(q) for q in QUANTILES))
-    return spreads
+                tally.measure(name, i, value)
+    return tally.buckets()
 
 
 def clamp(bucket: Any, win: Window) -> int:

@@ -25,7 +25,8 @@ def test_windows_keep_a_few_hundred_aligned_buckets() -> None:
 def test_counts_by_outcome_take_any_outcome() -> None:
     win = Window(start=0.0, step=10.0, count=3)
     rows = [(0.0, "completed"), (9.9, "failed"), (10.0, "oom_killed"), (30.0, "completed")]
-    assert buckets.count_by(win, rows) == [{"completed": 1, "failed": 1}, {"oom_killed": 1}, {}]
+    got = buckets.buckets_of(win, rows, {})
+    assert [b.counts for b in got] == [{"completed": 1, "failed": 1}, {"oom_killed": 1}, {}]
     assert buckets.order_outcomes(["zz", "failed", "completed", "deferred"]) == [
         "completed",
         "failed",

@@ -91,7 +91,6 @@ class PgLedger(Ledger):
 
     TX = PgTx
     GREATEST = "GREATEST"
-    BUCKET = "floor(({column} - ?) / ?)::bigint"
 
     def __init__(self, db: ClusterDB, stamp: HostStamp | None = None) -> None:
         super().__init__(_LedgerDB(db))

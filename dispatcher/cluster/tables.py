@@ -181,6 +181,15 @@ CREATE INDEX cron_fires_ended ON cron_fires (ended_at);
 """
 """Runs and fires by end time: the web's charts read one time range of each."""
 
+RUN_HISTORY = """
+ALTER TABLE kanban_runs ADD COLUMN ready_at double precision;
+DROP INDEX kanban_runs_ended;
+CREATE INDEX kanban_runs_closed ON kanban_runs
+    (ended_at, outcome, claimed_at, started_at, ready_at, card_id) WHERE ended_at IS NOT NULL;
+"""
+"""As the SQLite board's version 4 (dispatcher/kanban/tables.py): runs' ready time, and the
+closed runs by end time with every column the charts read."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
@@ -188,6 +197,7 @@ MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (4, "the notification outbox", OUTBOX),
     (5, "runs and fires by end time", HISTORY_INDEXES),
     (6, "settled fires that never ran, by decision time", DECIDED_INDEX),
+    (7, "runs' ready time; closed runs by end time", RUN_HISTORY),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

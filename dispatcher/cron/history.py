@@ -6,10 +6,10 @@ refused, else, for a decision that never became a worker (``skipped_overlap``, `
 (:class:`~dispatcher.buckets.Spread`): ``lag``, from a scheduled fire's due time to its start
 (as ``/metrics``' ``dispatch_cron_fire_lag_seconds``), and ``run``, from start to end.
 
-:class:`SqlFireHistory` answers in SQL with two index ranges (``cron_fires_ended`` on the end
-time; ``cron_fires_decided``, a partial index of the rows without one, on the decision time);
-:func:`fire_buckets` and :func:`fires_in` are the same answers over records, for the in-memory
-ledger.
+:class:`SqlFireHistory` reads two index ranges (``cron_fires_ended`` on the end time;
+``cron_fires_decided``, a partial index of the rows without one, on the decision time) and
+streams them through :func:`fire_tally`, as the in-memory ledger streams its records
+(:func:`fire_buckets`); :func:`fires_in` is the same list over records.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from dispatcher.buckets import Bucket, Spread, Window, buckets_of, clamp, ranked_sql, spreads_from
+from dispatcher.buckets import Bucket, Tally, Window
 from dispatcher.cron.records import FireRecord, Kind, Status
 
-__all__ = ["SqlFireHistory", "fire_buckets", "fire_time", "fires_in"]
+__all__ = ["FireRow", "SqlFireHistory", "fire_buckets", "fire_tally", "fire_time", "fires_in"]
 
 
 def fire_time(fire: FireRecord) -> float | None:
@@ -30,20 +30,42 @@ def fire_time(fire: FireRecord) -> float | None:
     return fire.ended_at if fire.ended_at is not None else fire.decided_at
 
 
-def fire_buckets(win: Window, fires: Iterable[FireRecord], job_id: str | None) -> list[Bucket]:
-    """Per bucket, the settled fires (of ``job_id``): counts by outcome, ``lag`` and ``run``."""
-    chosen = [f for f in fires if job_id in (None, f.job_id) and f.outcome is not None]
-    labelled = [(t, str(f.outcome)) for f in chosen if (t := fire_time(f)) is not None]
-    lags: list[tuple[float, float]] = []
-    runs: list[tuple[float, float]] = []
-    for f in chosen:
-        if f.status is not Status.DONE or f.ended_at is None:
+FireRow = tuple[float, str, str, float | None, float | None, float | None, float | None]
+"""A settled fire as the charts read it: (its time, outcome, kind, due_at, actual, started_at,
+ended_at)."""
+
+
+def fire_tally(win: Window, rows: Iterable[FireRow]) -> list[Bucket]:
+    """Per bucket, the settled fires counted at their time (:func:`fire_time`): counts by
+    outcome, ``lag`` (due → start, scheduled fires) and ``run`` (start → end). Every ledger
+    streams its rows through this one function."""
+    tally = Tally(win, ("lag", "run"))
+    for at, outcome, kind, due, actual, started, ended in rows:
+        i = win.index(at)
+        if i is None:
             continue
-        if f.kind is Kind.SCHEDULE and f.actual is not None and f.due_at is not None:
-            lags.append((f.ended_at, max(0.0, f.actual - f.due_at)))
-        if f.started_at is not None:
-            runs.append((f.ended_at, f.ended_at - f.started_at))
-    return buckets_of(win, labelled, {"lag": lags, "run": runs})
+        tally.count(i, outcome)
+        if ended is None:
+            continue
+        if kind == Kind.SCHEDULE.value and actual is not None and due is not None:
+            tally.measure("lag", i, max(0.0, actual - due))
+        if started is not None:
+            tally.measure("run", i, ended - started)
+    return tally.buckets()
+
+
+def fire_buckets(win: Window, fires: Iterable[FireRecord], job_id: str | None) -> list[Bucket]:
+    """:meth:`~dispatcher.cron.abc.LedgerStore.fire_buckets` over records."""
+    return fire_tally(
+        win,
+        (
+            (at, f.outcome.value, f.kind.value, f.due_at, f.actual, f.started_at, f.ended_at)
+            for f in fires
+            if job_id in (None, f.job_id)
+            and f.outcome is not None
+            and (at := fire_time(f)) is not None
+        ),
+    )
 
 
 def fires_in(
@@ -72,9 +94,6 @@ class SqlFireHistory:
     """The ledger's history reads in SQL (mixed into :class:`dispatcher.cron.ledger.Ledger`)."""
 
     db: Any
-    GREATEST: str
-    BUCKET = "CAST(({column} - ?) / ? AS INTEGER)"
-    """The bucket of ``{column}`` given the window's start and step (PostgreSQL: ``floor``)."""
 
     def _ranges(self, job_id: str | None) -> list[tuple[str, str, list[Any]]]:
         """(time column, condition on it, extra parameters) of the two index ranges."""
@@ -91,40 +110,15 @@ class SqlFireHistory:
 
     def fire_buckets(self, window: Window, *, job_id: str | None = None) -> list[Bucket]:
         """See :meth:`dispatcher.cron.abc.LedgerStore.fire_buckets`."""
-        counts: list[dict[str, int]] = [{} for _ in range(window.count)]
-        spreads: dict[str, list[Spread]] = {}
-        frame = [window.start, window.end]
         with self.db.read() as conn:
+            rows: list[FireRow] = []
             for column, inside, extra in self._ranges(job_id):
-                b = self.BUCKET.format(column=column)
-                for row in conn.execute(
-                    f"SELECT {b}, outcome, count(*) FROM cron_fires"  # noqa: S608
-                    f" WHERE {inside} AND outcome IS NOT NULL GROUP BY 1, 2",
-                    [window.start, window.step, *frame, *extra],
-                ):
-                    at = counts[clamp(row[0], window)]
-                    at[str(row[1])] = at.get(str(row[1]), 0) + int(row[2])
-            column, inside, extra = self._ranges(job_id)[0]
-            b = self.BUCKET.format(column=column)
-            measures = {
-                "lag": f"{self.GREATEST}(0, actual - due_at)",
-                "run": "ended_at - started_at",
-            }
-            needs = {
-                "lag": "kind = 'schedule' AND actual IS NOT NULL AND due_at IS NOT NULL",
-                "run": "started_at IS NOT NULL",
-            }
-            for name, value in measures.items():
-                values = (
-                    f"SELECT {b} AS b, {value} AS x FROM cron_fires"  # noqa: S608
-                    f" WHERE {inside} AND status = 'done' AND {needs[name]}"
-                )
-                rows = conn.execute(ranked_sql(values), [window.start, window.step, *frame, *extra])
-                spreads[name] = spreads_from(rows, window)
-        return [
-            Bucket(counts[i], {name: per[i] for name, per in spreads.items()})
-            for i in range(window.count)
-        ]
+                rows += conn.execute(
+                    f"SELECT {column}, outcome, kind, due_at, actual, started_at, ended_at"  # noqa: S608
+                    f" FROM cron_fires WHERE {inside} AND status = 'done' AND outcome IS NOT NULL",
+                    [window.start, window.end, *extra],
+                ).fetchall()
+        return fire_tally(window, rows)
 
     def fires_in(
         self,

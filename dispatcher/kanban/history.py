@@ -9,8 +9,8 @@ a run that ends ``deferred`` while its card runs puts the card back to ``ready``
 :data:`DEFERRED_CLOSE`. ``tests/test_kanban_history.py`` replays random boards to check that
 these rules reproduce every card's status.
 
-**Wait.** A run waited from the moment its card last became ready (its latest status change
-before the claim, or the end of its previous run, whichever is later) until its worker started.
+**Wait.** A run waited from the moment its card last became ready until its worker started:
+its claim stores the time of the card's latest event of :data:`READY_KINDS` as ``ready_at``.
 
 Every board store answers the same questions (:meth:`~dispatcher.kanban.abc.BoardStore.
 run_buckets`, ``status_flows``, ``runs_in``); the in-memory store with the functions at the end
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.buckets import Bucket, Flows, Window, buckets_of
+from dispatcher.buckets import Bucket, Flows, Tally, Window
 from dispatcher.kanban.model import Card, Event, Run
 from dispatcher.launch.outcome import Outcome
 
@@ -46,6 +46,11 @@ instant."""
 
 STATUS_KINDS = frozenset({*_FIXED, "created", "blocked", "unblocked", "moved", "archived"})
 """Event kinds that change a card's status."""
+
+READY_KINDS = STATUS_KINDS | {"deferred"}
+"""Events after which a card waits to be claimed: any status change (the last one before a
+claim made the card ready), and a worker's ``defer`` (the run's deferred close that readies the
+card has no event of its own). A claim stores the latest one's time as the run's ``ready_at``."""
 
 DATA_KEYS = ("from", "to", "status", "by", "outcome")
 """The event data fields :func:`transition` reads."""
@@ -90,54 +95,44 @@ class RunLine:
     """Cluster mode: the host that claimed it (None on a single host)."""
 
 
-def ready_since(run: Run, events: Iterable[Event], runs: Iterable[Run]) -> float:
-    """When ``run``'s card last became ready before the claim (see the module docstring):
-    ``events`` and ``runs`` are the card's."""
-    changes = [
-        e.at
-        for e in events
-        if e.kind in STATUS_KINDS and e.at <= run.claimed_at and e.run_id != run.run_id
-    ]
-    ends = [r.ended_at for r in runs if r.ended_at is not None and r.ended_at <= run.claimed_at]
-    return max(max(changes, default=run.claimed_at), max(ends, default=0.0))
-
-
 # -- the in-memory answers ---------------------------------------------------------------------
 
 
-def run_buckets(
-    win: Window,
-    runs: Sequence[Run],
-    cards: Mapping[str, Card],
-    events: Sequence[Event],
-    assignee: str | None,
-) -> list[Bucket]:
-    """Per bucket, the runs that ended in it: counts by outcome, spreads of ``wait`` (ready →
-    running) and ``run`` (running → end) of those that started."""
-    ended = [
-        r
-        for r in runs
-        if r.ended_at is not None
-        and r.outcome is not None
-        and win.index(r.ended_at) is not None
-        and (assignee is None or cards[r.card_id].assignee == assignee)
-    ]
-    by_card: dict[str, list[Event]] = {}
-    for event in events:
-        by_card.setdefault(event.card_id, []).append(event)
-    runs_of: dict[str, list[Run]] = {}
-    for r in runs:
-        runs_of.setdefault(r.card_id, []).append(r)
-    waits, times = [], []
-    for r in ended:
-        assert r.ended_at is not None
-        if r.started_at is None:
+RunRow = tuple[float, str, float, float | None, float | None]
+"""A closed run as the charts read it: (ended_at, outcome, claimed_at, started_at, ready_at)."""
+
+
+def run_tally(win: Window, rows: Iterable[RunRow]) -> list[Bucket]:
+    """Per bucket, the closed runs that ended in it: counts by outcome, and of those whose
+    worker started, the spreads ``wait`` (ready → running: from ``ready_at``, or the claim on
+    rows older than that column) and ``run`` (running → end). Every store streams its rows
+    through this one function."""
+    tally = Tally(win, ("wait", "run"))
+    for ended, outcome, claimed, started, ready in rows:
+        i = win.index(ended)
+        if i is None:
             continue
-        since = ready_since(r, by_card.get(r.card_id, ()), runs_of.get(r.card_id, ()))
-        waits.append((r.ended_at, r.started_at - since))
-        times.append((r.ended_at, r.ended_at - r.started_at))
-    labelled = [(r.ended_at, str(r.outcome)) for r in ended if r.ended_at is not None]
-    return buckets_of(win, labelled, {"wait": waits, "run": times})
+        tally.count(i, outcome)
+        if started is not None:
+            tally.measure("wait", i, started - (claimed if ready is None else ready))
+            tally.measure("run", i, ended - started)
+    return tally.buckets()
+
+
+def run_buckets(
+    win: Window, runs: Iterable[Run], cards: Mapping[str, Card], assignee: str | None
+) -> list[Bucket]:
+    """:meth:`~dispatcher.kanban.abc.BoardStore.run_buckets` over records."""
+    return run_tally(
+        win,
+        (
+            (r.ended_at, r.outcome.value, r.claimed_at, r.started_at, r.ready_at)
+            for r in runs
+            if r.ended_at is not None
+            and r.outcome is not None
+            and (assignee is None or cards[r.card_id].assignee == assignee)
+        ),
+    )
 
 
 def status_flows(win: Window, events: Sequence[Event], runs: Iterable[Run]) -> list[Flows]:

@@ -300,6 +300,14 @@ class MemoryBoardStore(BoardStore):
                 attempt=attempt,
                 claimed_at=now,
                 claimant=claimer,
+                ready_at=max(
+                    (
+                        e.at
+                        for e in self._events
+                        if e.card_id == card_id and e.kind in history.READY_KINDS
+                    ),
+                    default=None,
+                ),
             )
             self._runs[run.run_id] = run
             self._update(card_id, rules.claimed_fields(run.run_id, now), now)
@@ -462,8 +470,7 @@ class MemoryBoardStore(BoardStore):
 
     def run_buckets(self, window: Window, *, assignee: str | None = None) -> list[Bucket]:
         with self._lock:
-            runs = list(self._runs.values())
-            return history.run_buckets(window, runs, self._cards, self._events, assignee)
+            return history.run_buckets(window, list(self._runs.values()), self._cards, assignee)
 
     def status_flows(self, window: Window) -> tuple[dict[str, int], list[Flows]]:
         with self._lock:

@@ -21,9 +21,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatcher.buckets import Bucket, Flows, Spread, Window, clamp, ranked_sql, spreads_from
+from dispatcher.buckets import Bucket, Flows, Window, clamp
 from dispatcher.kanban import search
-from dispatcher.kanban.history import DATA_KEYS, DEFERRED_CLOSE, STATUS_KINDS, RunLine, transition
+from dispatcher.kanban.history import (
+    DATA_KEYS,
+    DEFERRED_CLOSE,
+    STATUS_KINDS,
+    RunLine,
+    run_tally,
+    transition,
+)
 from dispatcher.kanban.model import CardStatus
 from dispatcher.kanban.rows import CARD_COLUMNS, card_of, run_of
 from dispatcher.kanban.search import CardPage, CardQuery
@@ -64,42 +71,18 @@ class SqlHistory(SqlBoard):
     # -- charts ------------------------------------------------------------------------------
 
     def run_buckets(self, window: Window, *, assignee: str | None = None) -> list[Bucket]:
-        where = " AND c.assignee = ?" if assignee is not None else ""
-        extra = [assignee] if assignee is not None else []
-        frame = [window.start, window.step, window.start, window.end, *extra]
-        join = "FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
-        inside = f"r.ended_at >= ? AND r.ended_at < ?{where}"
-        b = self._bucket("r.ended_at")
-        since = (
-            f"{self.GREATEST}(coalesce((SELECT max(e.at) FROM kanban_events e"  # noqa: S608
-            " WHERE e.card_id = r.card_id AND e.at <= r.claimed_at"
-            f" AND e.kind IN ({_STATUS_KINDS}) AND (e.run_id IS NULL OR e.run_id <> r.run_id)),"
-            " r.claimed_at), coalesce((SELECT max(p.ended_at) FROM kanban_runs p"
-            " WHERE p.card_id = r.card_id AND p.ended_at <= r.claimed_at), 0))"
-        )
-        counts: list[dict[str, int]] = [{} for _ in range(window.count)]
-        spreads: dict[str, list[Spread]] = {}
+        join = ""
+        params: list[Any] = [window.start, window.end]
+        if assignee is not None:
+            join = " JOIN kanban_cards c ON c.id = r.card_id AND c.assignee = ?"
+            params = [assignee, *params]
         with self.db.read() as conn:
-            for row in conn.execute(
-                f"SELECT {b}, r.outcome, count(*) {join} WHERE {inside}"
-                " AND r.outcome IS NOT NULL GROUP BY 1, 2",
-                frame,
-            ):
-                at = counts[clamp(row[0], window)]
-                at[str(row[1])] = at.get(str(row[1]), 0) + int(row[2])
-            for name, value in (
-                ("wait", f"r.started_at - {since}"),
-                ("run", "r.ended_at - r.started_at"),
-            ):
-                values = (
-                    f"SELECT {b} AS b, {value} AS x {join}"
-                    f" WHERE {inside} AND r.started_at IS NOT NULL"
-                )
-                spreads[name] = spreads_from(conn.execute(ranked_sql(values), frame), window)
-        return [
-            Bucket(counts[i], {name: per[i] for name, per in spreads.items()})
-            for i in range(window.count)
-        ]
+            rows = conn.execute(
+                "SELECT r.ended_at, r.outcome, r.claimed_at, r.started_at, r.ready_at"  # noqa: S608
+                f" FROM kanban_runs r{join} WHERE r.ended_at >= ? AND r.ended_at < ?",
+                params,
+            )
+            return run_tally(window, rows)
 
     def status_flows(self, window: Window) -> tuple[dict[str, int], list[Flows]]:
         fields = ", ".join(
@@ -144,10 +127,13 @@ class SqlHistory(SqlBoard):
     def _first_seq(conn: SqlConnection, at: float) -> int:
         """The smallest sequence number from which every event is at ``at`` or later
         (a binary search on the primary key; events are appended in time order)."""
-        row = conn.execute("SELECT min(seq), max(seq) FROM kanban_events").fetchone()
-        if row is None or row[0] is None:
+        # Two statements: SQLite answers min() or max() of the key at once, both together
+        # by a scan.
+        low = conn.execute("SELECT min(seq) FROM kanban_events").fetchone()
+        high = conn.execute("SELECT max(seq) FROM kanban_events").fetchone()
+        if low is None or low[0] is None:
             return 0
-        lo, hi = int(row[0]), int(row[1]) + 1
+        lo, hi = int(low[0]), int(high[0]) + 1
         while lo < hi:
             mid = (lo + hi) // 2
             probe = conn.execute(

@@ -39,6 +39,7 @@ from dispatcher.kanban.rows import (
     run_of,
 )
 from dispatcher.kanban.sql import (
+    READY_SINCE_SQL,
     WAITING_SQL,
     SqlConnection,
     SqlDatabase,
@@ -305,9 +306,10 @@ class SqlBoardStore(SqlHistory):
             )
             run_id = RUN_IDS.new()
             conn.execute(
-                "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"
-                " claimer_start, claimer_boot) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot),
+                "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"  # noqa: S608
+                f" claimer_start, claimer_boot, ready_at) VALUES (?, ?, ?, ?, ?, ?, ?,"
+                f" {READY_SINCE_SQL})",
+                (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot, card_id),
             )
             self._stamp(conn, run_id)
             cursor = conn.execute(

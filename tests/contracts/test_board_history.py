@@ -24,7 +24,9 @@ def one(value: float) -> Spread:
 
 
 def test_run_buckets_count_outcomes_and_spread_wait_and_run_time(store: BoardStore) -> None:
-    seed_small(store)
+    runs = seed_small(store).runs
+    # A claim stores when its card last became ready: created, or its failure at +70.
+    assert [runs[n].ready_at for n in ("alpha", "beta1", "beta2")] == [T0, T0 + 5, T0 + 70]
     assert store.run_buckets(WINDOW) == [
         Bucket({"completed": 1}, {"wait": one(12.0), "run": one(18.0)}),
         Bucket({"failed": 1}, {"wait": one(20.0), "run": one(45.0)}),
