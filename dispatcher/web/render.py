@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse
 
 from dispatcher import __version__
 from dispatcher.timefmt import TimeView, iso, span, viewer_zone
+from dispatcher.web.svg import duration
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
@@ -77,6 +78,7 @@ def environment(environ: Mapping[str, str] | None = None) -> jinja2.Environment:
         at=at,
         clock=clock,
         span=_span,
+        duration=duration,
     )
     env.globals.update(version=__version__, ago=_ago)
     return env

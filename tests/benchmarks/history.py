@@ -4,8 +4,9 @@ benchmarks' data.
 Rows are inserted with plain SQL in big batches (a million runs through the board's own calls
 would take hours), in the shape the board and the ledger write them: every card has a
 ``created`` event, every run its ``claimed`` and (when its worker started) ``spawned`` event and
-the event its end records (none for a ``deferred`` close), in time order; cron fires are the
-ledger's settled rows. The mix of outcomes is a busy but healthy board's.
+the event its end records (none for a ``deferred`` close), a done card's next run comes after
+an operator's retry, all in time order, so the events count back to the cards' statuses; cron
+fires are the ledger's settled rows. The mix of outcomes is a busy but healthy board's.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def fill(
         if card not in last:
             card_rows.append(card)
             events.append((card, None, "created", at - 1, '{"status": "ready"}'))
+        elif last[card][0] == "completed":
+            # A done card runs again after an operator's retry.
+            retry = '{"from": "done", "to": "ready", "by": "operator", "action": "retry"}'
+            events.append((card, None, "moved", at - 0.5, retry))
         run_id = f"r_{i:010x}"
         outcome, kind = _outcome(rng)
         started = None if outcome == "spawn_refused" else at + 0.05 + rng.random() * 0.2
