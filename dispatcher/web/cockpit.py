@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute, Route
 
-from dispatcher.web import charts
+from dispatcher.web import charts, timeline
 
 
 def routes() -> list[BaseRoute]:
@@ -18,4 +18,5 @@ def routes() -> list[BaseRoute]:
         Route("/charts", charts.charts),
         Route("/charts/runs", charts.bar_runs),
         Route("/charts/fires", charts.bar_fires),
+        Route("/timeline", timeline.timeline),
     ]
