@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from starlette.routing import BaseRoute, Route
 
-from dispatcher.web import charts, timeline
+from dispatcher.web import charts, search, timeline
 
 
 def routes() -> list[BaseRoute]:
@@ -19,4 +19,6 @@ def routes() -> list[BaseRoute]:
         Route("/charts/runs", charts.bar_runs),
         Route("/charts/fires", charts.bar_fires),
         Route("/timeline", timeline.timeline),
+        Route("/search", search.search),
+        Route("/search/act", search.act, methods=["POST"]),
     ]

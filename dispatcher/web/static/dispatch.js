@@ -265,6 +265,17 @@
   });
   document.addEventListener("focusout", hideTip);
 
+  // Search results: the header's box ticks or clears every card box of its form.
+  for (const all of document.querySelectorAll("input[data-select-all]")) {
+    all.addEventListener("change", () => {
+      const form = all.closest("form");
+      if (!form) return;
+      for (const box of form.querySelectorAll('input[type="checkbox"][name="card"]')) {
+        box.checked = all.checked;
+      }
+    });
+  }
+
   if (bar && toggle) {
     toggle.hidden = false;
     toggle.addEventListener("click", () => (paused ? resume() : pause()));
