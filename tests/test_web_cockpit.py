@@ -334,3 +334,19 @@ def test_the_queue_depth_counts_come_with_the_newest_buckets() -> None:
     clock.advance(5.0)
     counts, _ = status_flows(cache, store, win)
     assert counts == {"ready": 3}  # re-read with the newest buckets, not kept with the old
+
+
+def test_the_cockpit_pages_carry_no_inline_script_or_style(dash: Dash) -> None:
+    seeded(dash)
+    blocked_cards(dash, 2)
+    dash.sign_in()
+    for path in ("/charts?range=1h", "/timeline", "/search?q=stuck", "/"):
+        answer = dash.client.get(path)
+        assert answer.status_code == 200, path
+        assert "default-src 'none'" in answer.headers["content-security-policy"]
+        html = answer.text
+        assert " style=" not in html and "<style" not in html, path
+        assert re.findall(r"<script[^>]*>", html) == ['<script src="/static/dispatch.js" defer>'], (
+            path
+        )
+        assert not re.search(r"<[^>]+\son[a-z]+=", html), path  # no event handler attributes
