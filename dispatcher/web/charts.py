@@ -158,11 +158,15 @@ class Painter:
         return chart
 
 
-def charts_context(site: Site, request: Request, now: float | None = None) -> dict[str, Any]:
-    """Every chart for the range and filters in the URL."""
-    now = time.time() if now is None else now
-    chosen = choices(request)
+def drawn(site: Site, chosen: dict[str, Any], now: float) -> tuple[Window, Any]:
+    """The window and every chart of it, drawn (kept per window and filters for the cache's
+    TTL: the drawing is most of a page's time, and fifty dashboards share it)."""
     win = buckets.window(chosen["range"], now)
+    key = ("charts", chosen["range"], chosen["assignee"], chosen["job"], win.start)
+    return win, site.history.memo(key, lambda: _draw(site, chosen, win, now))
+
+
+def _draw(site: Site, chosen: dict[str, Any], win: Window, now: float) -> Any:
     source, cache = site.source, site.history
     runs = history.run_buckets(cache, source.store, win, chosen["assignee"])
     fires = history.fire_buckets(cache, source.ledger(), win, chosen["job"])
@@ -198,6 +202,15 @@ def charts_context(site: Site, request: Request, now: float | None = None) -> di
         paint.spread("lag", f"Cron lag{job}", NOTES["lag"], fires, "lag"),
         paint.spread("firerun", f"Cron run time{job}", NOTES["firerun"], fires, "run"),
     ]
+    return site.renderer.markup("_chart.html", "charts", charts)
+
+
+def charts_context(site: Site, request: Request, now: float | None = None) -> dict[str, Any]:
+    """Every chart for the range and filters in the URL."""
+    now = time.time() if now is None else now
+    chosen = choices(request)
+    win, charts = drawn(site, chosen, now)
+    source = site.source
     context = site.context(request, title="Charts", nav="charts")
     context.update(
         charts=charts,
@@ -218,19 +231,26 @@ async def charts(request: Request) -> Response:
     return await site.render("charts.html", lambda: charts_context(site, request))
 
 
-def strip(site: Site, now: float | None = None) -> svg.Chart:
-    """The board's strip: runs finished in the last 24 hours (the charts page's default)."""
+def strip(site: Site, now: float | None = None) -> Any:
+    """The board's strip, drawn: runs finished in the last 24 hours (the charts page's
+    default range); None while there are none."""
     now = time.time() if now is None else now
     win = buckets.window(buckets.DEFAULT_RANGE, now)
-    runs = history.run_buckets(site.history, site.source.store, win, None)
-    paint = Painter(win, site.source.environ)
 
-    def href(start: float, outcome: str) -> str:
-        return link(
-            "/charts/runs", start=f"{start:.0f}", end=f"{start + win.step:.0f}", outcome=outcome
-        )
+    def draw() -> Any:
+        runs = history.run_buckets(site.history, site.source.store, win, None)
+        if not any(b.total for b in runs):
+            return None
+        paint = Painter(win, site.source.environ)
 
-    return paint.stacked("strip", "Runs finished, last 24 h", "", runs, href)
+        def href(start: float, outcome: str) -> str:
+            end = f"{start + win.step:.0f}"
+            return link("/charts/runs", start=f"{start:.0f}", end=end, outcome=outcome)
+
+        chart = paint.stacked("strip", "Runs finished, last 24 h", "", runs, href)
+        return site.renderer.markup("_chart.html", "chart", chart, False)
+
+    return site.history.memo(("strip", win.start), draw)
 
 
 # -- the runs and fires behind a bar ------------------------------------------------------------

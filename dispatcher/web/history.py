@@ -8,7 +8,8 @@ open on one chart therefore cost one small range read per ``TTL`` between them, 
 over a month costs one read of the whole month once per process, then a read of its newest
 buckets.
 
-Each (chart, filter, step) has its own lock: a burst of page loads waits for the one read
+A page drawn from those answers is kept as long (:meth:`HistoryCache.memo`). Each (chart,
+filter, step) has its own lock: a burst of page loads waits for the one read
 in flight instead of repeating it. :attr:`HistoryCache.reads` counts the store reads (the
 tests and the benchmark check the sharing with it). Time is the injected clock's.
 """
@@ -96,6 +97,18 @@ class HistoryCache:
                 del series.closed[start]
             closed = [series.closed[edges[i]] for i in range(settled)]
             return closed + kept[2], kept[3]
+
+    def memo(self, key: Hashable, build: Callable[[], V]) -> V:
+        """``build()``'s answer, kept for the TTL (a page drawn from the cached buckets: fifty
+        dashboards on it cost one drawing per TTL too)."""
+        now = self.clock.time()
+        series = self._of(("memo", key))
+        with series.lock:
+            kept = series.live
+            if kept is None or now - kept[0] >= self.ttl:
+                kept = series.live = (now, 0.0, [], build())
+            value: V = kept[3]
+            return value
 
     def _read(self, read: Read[V], window: Window) -> tuple[list[V], Any]:
         self.reads += 1

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 from starlette.responses import HTMLResponse
 
 from dispatcher import __version__
@@ -103,6 +104,15 @@ class Renderer:
     def macro(self, template: str, name: str, *args: Any) -> str:
         """A context-free macro of a template called with ``args`` (a board tile)."""
         return str(getattr(self.env.get_template(template).module, name)(*args))
+
+    def markup(self, template: str, name: str, *args: Any) -> markupsafe.Markup:
+        """A context-free macro's output kept as markup, to be placed in another page as it is
+        (it is this module's own escaped rendering; a drawing kept for the next pages)."""
+        made = getattr(self.env.get_template(template).module, name)(*args)
+        # With autoescape on, a macro's output is already markup: escaped as it was made.
+        if not isinstance(made, markupsafe.Markup):
+            raise TypeError(f"{template} {name}: not a macro's markup")
+        return made
 
     def page(
         self,

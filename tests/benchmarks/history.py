@@ -41,10 +41,19 @@ def _outcome(rng: random.Random) -> tuple[str, str | None]:
 
 
 def fill(
-    state: Path, *, runs: int, cards: int, days: float, now: float, fires: int = 0, seed: int = 1
+    state: Path,
+    *,
+    runs: int,
+    cards: int,
+    days: float,
+    now: float,
+    fires: int = 0,
+    seed: int = 1,
+    finished: bool = False,
 ) -> None:
     """``runs`` runs of ``cards`` cards, spread evenly over the ``days`` before ``now``, and
-    ``fires`` settled cron fires over the same time (plus the open runs a busy board has)."""
+    ``fires`` settled cron fires over the same time. ``finished``: every card ends done (an
+    operator moved the unfinished ones), so a gateway on the state has nothing to claim."""
     rng = random.Random(seed)
     start = now - days * DAY
     gap = days * DAY / runs
@@ -73,6 +82,12 @@ def fill(
             events.append((card, run_id, kind, ended, f'{{"outcome": "{outcome}"}}'))
         run_rows.append((run_id, card, i // cards + 1, outcome, at, started, ended))
         last[card] = (outcome, ended)
+    if finished:
+        for card, (outcome, ended) in last.items():
+            if outcome != "completed":
+                moved = '{"from": "ready", "to": "done", "by": "operator"}'
+                events.append((card, None, "moved", ended + 0.5, moved))
+                last[card] = ("completed", ended + 0.5)
     events.sort(key=lambda e: e[3])
     with open_state(state) as db, db.write() as conn:
         conn.executemany(
