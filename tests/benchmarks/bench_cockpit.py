@@ -16,8 +16,8 @@ no title holds, a sort by title), p50 over all loads.
 measurement (:func:`tests.benchmarks.bench_gateway._latency`), run alternately without a
 dashboard and with a ``dispatch web`` on the same state dir (given a day of finished history
 first; at ``nice 10``, as the shipped unit runs it) and :data:`DASHBOARDS` clients each
-loading the charts page every :data:`EVERY` seconds, all of them open (a first load done) before the first card. The figure is the p50
-with them over the p50 without.
+loading the charts page every :data:`EVERY` seconds, all of them open (a first load done)
+before the first card. The figure is the p50 with them over the p50 without.
 
 Full mode: as above; 3 rounds of 40 cards each way. Quick: 20,000 runs of 2,000 cards, fewer
 loads, 1 round of 12 cards.
