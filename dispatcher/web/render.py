@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import markupsafe
 from starlette.responses import HTMLResponse
 
 from dispatcher import __version__
@@ -105,12 +104,13 @@ class Renderer:
         """A context-free macro of a template called with ``args`` (a board tile)."""
         return str(getattr(self.env.get_template(template).module, name)(*args))
 
-    def markup(self, template: str, name: str, *args: Any) -> markupsafe.Markup:
+    def markup(self, template: str, name: str, *args: Any) -> Any:
         """A context-free macro's output kept as markup, to be placed in another page as it is
         (it is this module's own escaped rendering; a drawing kept for the next pages)."""
         made = getattr(self.env.get_template(template).module, name)(*args)
-        # With autoescape on, a macro's output is already markup: escaped as it was made.
-        if not isinstance(made, markupsafe.Markup):
+        # With autoescape on, a macro's output is already markup (it has __html__): escaped
+        # as it was made, and placed in a page as it is.
+        if not hasattr(made, "__html__"):
             raise TypeError(f"{template} {name}: not a macro's markup")
         return made
 
