@@ -350,3 +350,41 @@ def test_the_cockpit_pages_carry_no_inline_script_or_style(dash: Dash) -> None:
             path
         )
         assert not re.search(r"<[^>]+\son[a-z]+=", html), path  # no event handler attributes
+
+
+@pytest.mark.postgres
+def test_in_cluster_mode_the_timeline_has_a_row_per_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pg_url: str
+) -> None:
+    from dispatcher.cluster.board import HostStamp, PgBoardStore
+    from dispatcher.cluster.database import ClusterDB
+    from dispatcher.cluster.hosts import Hosts
+    from dispatcher.launch.outcome import Outcome
+    from tests.support.history import run_once
+
+    now = time.time()
+    runs = {}
+    with ClusterDB(pg_url) as cluster:
+        cluster.migrate()
+        hosts = Hosts(cluster, lease_ttl=60)
+        for n, host in enumerate(("beta", "alpha")):
+            lease = hosts.join(host, boot_id=f"boot-{host}", version="1")
+            store = PgBoardStore(cluster, HostStamp(host_id=host, epoch=lease.epoch))
+            card, _ = store.add_card(NewCard(title=f"on {host}", assignee="echo"), now=now - 300)
+            begin = now - 200 + 30 * n
+            runs[host] = run_once(
+                store, card.id, claimed=begin, started=begin + 1, ended=begin + 20,
+                outcome=Outcome.FAILED if host == "beta" else Outcome.COMPLETED,
+            )  # fmt: skip
+    board = Dash(tmp_path, capsys, extra=f"cluster:\n  database: {pg_url}\n  host_id: alpha\n")
+    try:
+        html = board.client.get("/timeline?span=10m").text
+        assert "a row per host" in html
+        assert re.findall(r'data-row="([^"]*)"', html) == ["alpha", "beta"]
+        for host, run in runs.items():
+            row = html.split(f'data-row="{host}"', 1)[1].split("</svg>", 1)[0]
+            assert f'data-run="{run.run_id}"' in row
+        charts = board.client.get("/charts?range=1h").text
+        assert sorted(b["outcome"] for b in rects(charts, "runs")) == ["completed", "failed"]
+    finally:
+        board.close()
