@@ -45,6 +45,8 @@ NOTES = {
     "lag": "from a scheduled fire's due time to its start",
     "firerun": "from a fire's start to its end",
 }
+STRIP_STEP = 3600.0
+STRIP_BARS = 24
 LISTED = 500
 """Runs or fires a bar's list shows at most."""
 
@@ -85,10 +87,13 @@ class Painter:
         note: str,
         counts: Sequence[Bucket],
         href: Callable[[float, str], str],
+        *,
+        whole: bool = False,
     ) -> svg.Chart:
-        """A stacked bar chart of each bucket's counts by label."""
+        """A stacked bar chart of each bucket's counts by label (``whole``: a bar is one link
+        to all it counts, not a link per label)."""
         columns, labels, top = svg.bars(
-            self.win, [b.counts for b in counts], href=href, when=self.when
+            self.win, [b.counts for b in counts], href=href, when=self.when, whole=whole
         )
         chart = svg.Chart(ident, title, note, "bars", str(top), columns=columns, legend=labels)
         chart.ticks = svg.ticks(self.win.start, self.win.end, self.zone, self.win.step)
@@ -153,8 +158,14 @@ class Painter:
         )
         chart.lines, chart.legend = lines, list(DEPTH)
         chart.ticks = svg.ticks(self.win.start, self.win.end, self.zone, self.win.step)
-        chart.headers = ["at", *DEPTH]
-        chart.rows = [[end(i)] + [str(series[s][i]) for s in DEPTH] for i in range(self.win.count)]
+        chart.headers = ["at (when a count changed)", *DEPTH]
+        last = self.win.count - 1
+        changed = [
+            i
+            for i in range(self.win.count)
+            if i in (0, last) or any(series[s][i] != series[s][i - 1] for s in DEPTH)
+        ]
+        chart.rows = [[end(i)] + [str(series[s][i]) for s in DEPTH] for i in changed]
         return chart
 
 
@@ -232,10 +243,11 @@ async def charts(request: Request) -> Response:
 
 
 def strip(site: Site, now: float | None = None) -> Any:
-    """The board's strip, drawn: runs finished in the last 24 hours (the charts page's
-    default range); None while there are none."""
+    """The board's strip, drawn: runs finished in each of the last 24 hours (a glance: the
+    charts page has the detail); None while there are none."""
     now = time.time() if now is None else now
-    win = buckets.window(buckets.DEFAULT_RANGE, now)
+    last = math.floor(now / STRIP_STEP) * STRIP_STEP
+    win = Window(start=last - STRIP_STEP * (STRIP_BARS - 1), step=STRIP_STEP, count=STRIP_BARS)
 
     def draw() -> Any:
         runs = history.run_buckets(site.history, site.source.store, win, None)
@@ -247,7 +259,8 @@ def strip(site: Site, now: float | None = None) -> Any:
             end = f"{start + win.step:.0f}"
             return link("/charts/runs", start=f"{start:.0f}", end=end, outcome=outcome)
 
-        chart = paint.stacked("strip", "Runs finished, last 24 h", "", runs, href)
+        title = "Runs finished per hour, last 24 h"
+        chart = paint.stacked("strip", title, "", runs, href, whole=True)
         return site.renderer.markup("_chart.html", "chart", chart, False)
 
     return site.history.memo(("strip", win.start), draw)

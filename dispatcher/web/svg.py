@@ -44,6 +44,8 @@ class Column:
     width: float
     tip: str
     segments: tuple[Segment, ...] = ()
+    href: str = ""
+    """One link for the whole column (the segments then have none)."""
 
 
 @dataclass(frozen=True)
@@ -138,10 +140,12 @@ def bars(
     *,
     href: Callable[[float, str], str],
     when: Callable[[float], str],
+    whole: bool = False,
 ) -> tuple[list[Column], list[str], int]:
     """Stacked bars of each bucket's counts (labels in the vocabulary's order), the labels
-    drawn, and the scale's top. ``href(start, label)`` links a segment to what it counts,
-    ``when(start)`` names a bucket."""
+    drawn, and the scale's top. ``href(start, label)`` links a segment to what it counts (with
+    ``whole``, ``href(start, "")`` links the whole column instead), ``when(start)`` names a
+    bucket."""
     labels = order_outcomes(label for bucket in counts for label in bucket)
     top = int(nice(max((sum(b.values()) for b in counts), default=0)))
     slot = WIDTH / win.count
@@ -157,13 +161,13 @@ def bars(
             if n:
                 height = n / top * HEIGHT
                 base -= height
-                segments.append(
-                    Segment(label, n, round(base, 2), round(height, 2), href(start, label))
-                )
+                link = "" if whole else href(start, label)
+                segments.append(Segment(label, n, round(base, 2), round(height, 2), link))
         parts = ", ".join(f"{s.label} {s.count}" for s in segments)
         tip = f"{when(start)}: {total} ({parts})"
-        x = (start - win.start) / win.step * slot
-        columns.append(Column(start, round(x, 2), round(slot, 2), tip, tuple(segments)))
+        x = round((start - win.start) / win.step * slot, 2)
+        column = href(start, "") if whole else ""
+        columns.append(Column(start, x, round(slot, 2), tip, tuple(segments), column))
     return columns, labels, top
 
 
