@@ -190,14 +190,30 @@ CREATE INDEX kanban_runs_closed ON kanban_runs
 """As the SQLite board's version 4 (dispatcher/kanban/tables.py): runs' ready time, and the
 closed runs by end time with every column the charts read."""
 
+TOKENS = """
+CREATE TABLE web_tokens (
+    id text PRIMARY KEY,
+    name text NOT NULL,
+    scope text NOT NULL,
+    digest text NOT NULL UNIQUE,
+    created_at double precision NOT NULL,
+    expires_at double precision,
+    last_used_at double precision,
+    revoked_at double precision
+);
+"""
+"""The HTTP API's tokens (the SQLite ``tokens`` component's table), so every host's web
+accepts them."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
     (3, "the claimant's boot id", "ALTER TABLE kanban_runs ADD COLUMN claimer_boot text;"),
     (4, "the notification outbox", OUTBOX),
     (5, "runs and fires by end time", HISTORY_INDEXES),
-    (6, "settled fires that never ran, by decision time", DECIDED_INDEX),
-    (7, "runs' ready time; closed runs by end time", RUN_HISTORY),
+    (6, "the HTTP API's tokens", TOKENS),
+    (7, "settled fires that never ran, by decision time", DECIDED_INDEX),
+    (8, "runs' ready time; closed runs by end time", RUN_HISTORY),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 
