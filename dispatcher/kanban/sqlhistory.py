@@ -231,16 +231,33 @@ class SqlHistory(SqlBoard):
         if query.sort in (search.SortKey.TITLE, search.SortKey.STATUS, search.SortKey.ASSIGNEE):
             column += self.TEXT_ORDER
         way = " DESC" if query.descending else ""
-        columns = ", ".join("c." + name.strip() for name in CARD_COLUMNS.split(","))
         with self.db.read() as conn:
             total = conn.execute(
                 f"SELECT count(*) FROM kanban_cards c WHERE {where}",  # noqa: S608
                 params,
             ).fetchone()[0]
-            rows = conn.execute(
-                f"SELECT {columns} FROM kanban_cards c WHERE {where}"  # noqa: S608
-                f" ORDER BY {column}{way}, c.id{self.TEXT_ORDER}{way} LIMIT ? OFFSET ?",
-                [*params, query.limit, query.offset],
-            ).fetchall()
-            parents = self._parents(conn, [r["id"] for r in rows])
-        return CardPage([card_of(r, parents.get(r["id"], [])) for r in rows], int(total))
+            # The page's ids first (sorting ids, not whole cards, halves the time on a big
+            # board), then those cards.
+            ids = (
+                []
+                if query.offset >= total
+                else [
+                    str(row[0])
+                    for row in conn.execute(
+                        f"SELECT c.id FROM kanban_cards c WHERE {where}"  # noqa: S608
+                        f" ORDER BY {column}{way}, c.id{self.TEXT_ORDER}{way} LIMIT ? OFFSET ?",
+                        [*params, query.limit, query.offset],
+                    )
+                ]
+            )
+            marks = ", ".join("?" for _ in ids) or "NULL"
+            rows = {
+                row["id"]: row
+                for row in conn.execute(
+                    f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE id IN ({marks})",  # noqa: S608
+                    ids,
+                )
+            }
+            parents = self._parents(conn, ids)
+        cards = [card_of(rows[i], parents.get(i, [])) for i in ids if i in rows]
+        return CardPage(cards, int(total))
