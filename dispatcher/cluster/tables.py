@@ -179,12 +179,25 @@ CREATE INDEX cron_fires_ended ON cron_fires (ended_at);
 """
 """Runs and fires by end time: the web's charts read one time range of each."""
 
+RETRIES = """
+ALTER TABLE cron_fires ADD COLUMN attempt integer NOT NULL DEFAULT 1;
+ALTER TABLE cron_fires ADD COLUMN attempts integer;
+ALTER TABLE cron_fires ADD COLUMN retry_at double precision;
+ALTER TABLE cron_fires ADD COLUMN retry_kind text;
+ALTER TABLE cron_fires ADD COLUMN retry_reason text;
+ALTER TABLE cron_fires ADD COLUMN tries text NOT NULL DEFAULT '[]';
+CREATE INDEX cron_fires_retry ON cron_fires (retry_at) WHERE status = 'retry';
+ALTER TABLE cron_jobs ADD COLUMN paused_reason text;
+"""
+"""A fire's tries and retries, why dispatch paused a job (the SQLite cron component's v3)."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
     (3, "the claimant's boot id", "ALTER TABLE kanban_runs ADD COLUMN claimer_boot text;"),
     (4, "the notification outbox", OUTBOX),
     (5, "runs and fires by end time", HISTORY_INDEXES),
+    (6, "a fire's tries and retries; pause reason", RETRIES),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

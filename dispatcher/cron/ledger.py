@@ -146,6 +146,34 @@ class Tx(LedgerTx):
         """Compare-and-set: update the row only if its status is one of ``expect``."""
         return _update(self.conn, row_id, expect, change.columns(), self.outbox)
 
+    def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None = None) -> bool:
+        """Pause (``reason``: dispatch paused it itself) or resume; False when the job already
+        was in that state (see :meth:`LedgerTx.set_paused`)."""
+        conn = self.conn
+        row = conn.execute("SELECT * FROM cron_jobs WHERE job_id = ?", (job_id,)).fetchone()
+        current = _job_state(row) if row else None
+        if current is not None and current.paused is paused:
+            return False
+        if paused:
+            conn.execute(
+                "INSERT INTO cron_jobs (job_id, paused, paused_at, paused_reason, updated_at)"
+                " VALUES (?, 1, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 1,"
+                " paused_at = excluded.paused_at, paused_reason = excluded.paused_reason,"
+                " updated_at = excluded.updated_at",
+                (job_id, now, reason, now),
+            )
+            if self.outbox is not None:
+                notices.paused(conn, self.outbox, job_id, now, reason)
+        else:
+            conn.execute(
+                "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"  # noqa: S608
+                " VALUES (?, 0, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 0,"
+                f" paused_at = NULL, paused_reason = NULL, {_later_watermark(self.greatest)},"
+                " updated_at = excluded.updated_at",
+                (job_id, now, now),
+            )
+        return True
+
 
 class Ledger(LedgerStore):
     """Reads and writes the cron tables of a :class:`~registry.store.database.StateDB`.
@@ -177,32 +205,23 @@ class Ledger(LedgerStore):
             rows = conn.execute("SELECT * FROM cron_jobs").fetchall()
         return {row["job_id"]: _job_state(row) for row in rows}
 
-    def set_paused(self, job_id: str, paused: bool, now: float) -> bool:
-        """Pause or resume; returns False when the job already was in that state. Resuming moves
-        the watermark to ``now`` so fires that fell in the pause are neither run nor missed."""
+    def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None = None) -> bool:
+        """Pause or resume in its own transaction (see :meth:`Tx.set_paused`)."""
+        with self.transaction() as tx:
+            return tx.set_paused(job_id, paused, now, reason)
+
+    def defer(
+        self, fire_key: str, *, session_id: str | None, until: float, reason: str | None
+    ) -> bool:
+        """Store a worker's deferral on its fire's try in progress (see the contract)."""
         with self.db.write() as conn:
-            row = conn.execute("SELECT * FROM cron_jobs WHERE job_id = ?", (job_id,)).fetchone()
-            current = _job_state(row) if row else None
-            if current is not None and current.paused is paused:
-                return False
-            if paused:
-                conn.execute(
-                    "INSERT INTO cron_jobs (job_id, paused, paused_at, updated_at)"
-                    " VALUES (?, 1, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 1,"
-                    " paused_at = excluded.paused_at, updated_at = excluded.updated_at",
-                    (job_id, now, now),
-                )
-                if self.outbox is not None:
-                    notices.paused(conn, self.outbox, job_id, now)
-            else:
-                conn.execute(
-                    "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"  # noqa: S608
-                    " VALUES (?, 0, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 0,"
-                    f" paused_at = NULL, {_later_watermark(self.GREATEST)},"
-                    " updated_at = excluded.updated_at",
-                    (job_id, now, now),
-                )
-        return True
+            cursor = conn.execute(
+                "UPDATE cron_fires SET retry_at = ?, retry_kind = 'deferred', retry_reason = ?"
+                " WHERE fire_key = ? AND status IN ('spawning', 'running')"
+                " AND attempts IS NOT NULL AND (session_id IS NULL OR session_id = ?)",
+                (until, reason, fire_key, session_id),
+            )
+            return bool(cursor.rowcount == 1)
 
     # -- rows --------------------------------------------------------------------------------
 
@@ -351,6 +370,7 @@ def _job_state(row: sqlite3.Row) -> JobState:
         watermark=row["watermark"],
         paused=None if paused is None else bool(paused),
         paused_at=row["paused_at"],
+        paused_reason=row["paused_reason"],
     )
 
 
