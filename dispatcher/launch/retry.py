@@ -237,7 +237,8 @@ class RetryPolicy:
     attempts: int | None = setting(
         None,
         kind=Optional(Int(min=1)),
-        doc="Tries in all, the first included (kanban default: kanban.failure_limit).",
+        doc="Tries in all, the first included (kanban default: kanban.failure_limit; cron: "
+        "required, tries per fire).",
     )
     backoff: Backoff = setting(
         default_factory=Backoff, kind=Record(Backoff), doc="The delay before the next try."
