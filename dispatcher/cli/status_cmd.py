@@ -97,6 +97,7 @@ def _json(doc: dict[str, Any]) -> dict[str, Any]:
             {"job_id": f["job_id"], "at": iso(f["at"], f["zone"])} for f in doc["next_cron_fires"]
         ],
         "recent_errors": [{**e, "at": iso(e.get("at"))} for e in doc["recent_errors"]],
+        "cron_paused": [{**p, "paused_at": iso(p["paused_at"])} for p in doc["cron_paused"]],
     }
 
 
@@ -123,6 +124,8 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
     paused = " (claiming paused)" if doc["kanban_paused"] else ""
     ctx.out(f"cards:      {cards}{paused}")
     _fires_lines(ctx, doc, times)
+    for paused in doc["cron_paused"]:
+        ctx.out(f"cron paused: {_paused_text(paused, times)}")
     for line in cluster_lines(doc.get("cluster")):
         ctx.out(line)
     errors = doc["recent_errors"]
@@ -142,6 +145,16 @@ def _placement_text(doc: dict[str, Any], config_broken: bool) -> str:
     if config_broken:
         how += "; built-in defaults judged: config not loaded"
     return f"{text} ({how})"
+
+
+def _paused_text(paused: dict[str, Any], times: TimeView) -> str:
+    """``backup since 02:41:10 CET by dispatch: <why>; dispatch cron resume backup``."""
+    job = paused["job_id"]
+    why = f": {paused['reason']}" if paused["reason"] else ""
+    return (
+        f"{job} since {times.both(paused['paused_at'])} by {paused['by']}{why};"
+        f" dispatch cron resume {job}"
+    )
 
 
 def _fires_lines(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:

@@ -17,6 +17,7 @@ The records and the row life cycle are :mod:`dispatcher.cron.records`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import operator
 import sqlite3
@@ -25,11 +26,40 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron import notices
 from dispatcher.cron.abc import LedgerStore, LedgerTx
-from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
+from dispatcher.cron.records import (
+    COLUMNS,
+    EMPTY_ROW,
+    FireRecord,
+    JobState,
+    Status,
+    Try,
+    load_tries,
+)
 from dispatcher.launch.outbox import Outbox
+from dispatcher.launch.outcome import Outcome
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
+
+
+@dataclasses.dataclass
+class RetryCounts:
+    """What :meth:`Ledger.retry_counts` found (``/metrics``)."""
+
+    retries: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    """Retries by (job, reason): ``backoff`` (counted), ``uncounted`` (exit 75, a rule with
+    ``counted: false``, infrastructure) or ``deferred`` (the worker chose the time)."""
+    fires: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Fires that had more than one try, by job."""
+
+    def add(self, job_id: str, tried: Try) -> None:
+        """Count one try that was followed by another."""
+        if tried.outcome is Outcome.DEFERRED:
+            reason = "deferred"
+        else:
+            reason = "backoff" if tried.counted else "uncounted"
+        key = (job_id, reason)
+        self.retries[key] = self.retries.get(key, 0) + 1
 
 
 class Tx(LedgerTx):
@@ -351,6 +381,27 @@ class Ledger(LedgerStore):
                 " GROUP BY job_id, outcome"
             ).fetchall()
         return {(str(row[0]), str(row[1])): int(row[2]) for row in rows}
+
+    def retry_counts(self) -> RetryCounts:
+        """Retries over the retained rows: each try followed by another (or by a pending
+        one), by job and reason, and the fires that had more than one try, by job."""
+        counts = RetryCounts()
+        with self.db.read() as conn:
+            # Only rows with two tries or more, or waiting for the next: the JSON of a fire
+            # of one try is never parsed.
+            rows = conn.execute(
+                "SELECT job_id, status, tries FROM cron_fires WHERE status = 'retry'"
+                " OR tries LIKE ?",
+                ("%},{%",),  # a bound pattern: the shared SQL holds no literal '%'
+            ).fetchall()
+        for row in rows:
+            tries = load_tries(row[2])
+            followed = tries if row[1] == Status.RETRY.value else tries[:-1]
+            for tried in followed:
+                counts.add(str(row[0]), tried)
+            if len(tries) > 1:
+                counts.fires[str(row[0])] = counts.fires.get(str(row[0]), 0) + 1
+        return counts
 
     def known_job(self, job_id: str) -> bool:
         """Whether the ledger has any row or state for ``job_id``."""

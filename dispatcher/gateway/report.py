@@ -82,6 +82,7 @@ def status_document(
             if config_loaded
             else None,
             "cron_jobs_known": None if config_loaded else _known_jobs(state.ledger),
+            "cron_paused": _paused_jobs(state.ledger),
             "recent_errors": (_unconfigured(store, runtime) if config_loaded else [])
             + _recent_errors(store.db, served.recent_errors if served else []),
         }
@@ -139,6 +140,21 @@ def _unconfigured(store: BoardStore, runtime: Runtime) -> list[dict[str, Any]]:
         }
         for card in store.list_cards()
         if unconfigured(card, assignees)
+    ]
+
+
+def _paused_jobs(ledger: Ledger) -> list[dict[str, Any]]:
+    """Every paused cron job: by whom (``operator``: ``cron pause``; ``dispatch``: a fire
+    failed every attempt under ``on_exhausted: pause``), since when and why."""
+    return [
+        {
+            "job_id": state.job_id,
+            "by": "dispatch" if state.paused_reason else "operator",
+            "paused_at": state.paused_at,
+            "reason": state.paused_reason,
+        }
+        for state in sorted(ledger.job_states().values(), key=lambda s: s.job_id)
+        if state.paused
     ]
 
 

@@ -15,8 +15,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from dispatcher.cron.report import policy_text
+from dispatcher.cron.report import attempt_text, history_lines, policy_text
 from dispatcher.kanban.model import MOVE_TARGETS, CardStatus, Run
+from dispatcher.timefmt import TimeView
 from dispatcher.web import views
 from dispatcher.web.live import present
 from dispatcher.web.site import Site
@@ -211,6 +212,9 @@ def cron_context(site: Site, request: Request, job_id: str | None = None) -> dic
     title = f"Cron job {job_id}" if job_id else "Cron"
     context = site.context(request, title=title, nav="cron", stream=stream)
     context.update(jobs=listed, history=rows, job_id=job_id, configured=bool(jobs.plans))
+    # A fire's tries and its pending next try, worded as `cron history` words them.
+    view = TimeView(now=now)
+    context["tries"] = {row.id: (attempt_text(row), history_lines(row, view)) for row in rows}
     # One job's page says what it runs and how, as ``cron list`` does.
     context["job"] = _job_facts(listed[0].entry) if job_id and listed else None
     return context
