@@ -53,7 +53,8 @@ def defer_fire(
         raise DeferRefused(
             fire_key,
             "it has no retry policy (one try): nothing was changed",
-            remedy=f"set cron.retry or cron.jobs[{row.job_id}].retry to let its worker defer",
+            remedy=f"give job {row.job_id} a retry policy (its retry:, or cron.retry) to let its "
+            "worker defer",
         )
     if row.status not in (Status.SPAWNING, Status.RUNNING):
         raise DeferRefused(
