@@ -191,6 +191,14 @@ ALTER TABLE cron_jobs ADD COLUMN paused_reason text;
 """
 """A fire's tries and retries, why dispatch paused a job (the SQLite cron component's v3)."""
 
+READY_INDEXES = """
+CREATE INDEX kanban_cards_ready ON kanban_cards (priority DESC, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NULL;
+CREATE INDEX kanban_cards_retry ON kanban_cards (retry_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NOT NULL;
+"""
+"""Ready cards with and without a back-off (the SQLite kanban component's v4)."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
@@ -198,6 +206,7 @@ MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (4, "the notification outbox", OUTBOX),
     (5, "runs and fires by end time", HISTORY_INDEXES),
     (6, "a fire's tries and retries; pause reason", RETRIES),
+    (7, "ready cards with and without a back-off", READY_INDEXES),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

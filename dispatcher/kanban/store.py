@@ -51,6 +51,9 @@ from scope.foundation.errors import NotFoundError
 
 __all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore"]
 
+READY = "status = 'ready' AND current_run_id IS NULL"
+"""A card a claim may take (the condition of the pick indexes)."""
+
 
 class SqlBoardStore(SqlBoard):
     """The board in a SQL database (tables of :mod:`dispatcher.kanban.tables`)."""
@@ -252,7 +255,9 @@ class SqlBoardStore(SqlBoard):
                 self._bump(conn)
         return done
 
-    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
+    def ready_cards(
+        self, *, after: Card | None = None, limit: int | None = None, now: float | None = None
+    ) -> list[Card]:
         where, params = "", []
         if after is not None:
             # Keyset paging in the order of the pick index: (priority DESC, created_at, id).
@@ -262,14 +267,32 @@ class SqlBoardStore(SqlBoard):
             )
             params = [after.priority, after.priority, after.created_at, after.created_at, after.id]
         tail = "" if limit is None else f" LIMIT {int(limit)}"
+        pick = f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE {READY}"  # noqa: S608
+        order = " ORDER BY priority DESC, created_at, id"
+        if now is None:
+            sql, bound = f"{pick}{where}{order}{tail}", params
+        else:
+            # Two partial indexes: the cards that never backed off in pick order, and those
+            # whose back-off ran out by retry_at. Cards still backing off are in neither
+            # range, so however many there are, a page reads only what it returns.
+            sql = (
+                f"SELECT * FROM ({pick} AND retry_at IS NULL{where}{order}{tail}) AS fresh"  # noqa: S608
+                f" UNION ALL SELECT * FROM ({pick} AND retry_at IS NOT NULL AND retry_at <= ?"
+                f"{where}{order}{tail}) AS due{order}{tail}"
+            )
+            bound = [*params, now, *params]
+        with self.db.read() as conn:
+            rows = conn.execute(sql, bound).fetchall()
+        return [card_of(row, ()) for row in rows]
+
+    def backing_off(self, *, now: float, limit: int) -> list[str]:
         with self.db.read() as conn:
             rows = conn.execute(
-                f"SELECT {CARD_COLUMNS} FROM kanban_cards"  # noqa: S608 - constant
-                f" WHERE status = 'ready' AND current_run_id IS NULL{where}"
-                f" ORDER BY priority DESC, created_at, id{tail}",
-                params,
+                f"SELECT id FROM kanban_cards WHERE {READY} AND retry_at IS NOT NULL"  # noqa: S608
+                " AND retry_at > ? ORDER BY retry_at, id LIMIT ?",
+                (now, int(limit)),
             ).fetchall()
-        return [card_of(row, ()) for row in rows]
+        return [str(row[0]) for row in rows]
 
     def claim(
         self,
