@@ -69,7 +69,7 @@ class Breaker:
     def from_settings(cls, settings: KanbanSettings, rng: Random | None = None) -> Breaker:
         """The breaker configured by the ``kanban:`` section."""
         return cls(
-            failure_limit=settings.failure_limit,
+            failure_limit=settings.limit_for(),
             tempfail_limit=settings.tempfail_limit,
             transient_block=settings.transient_block,
             infrastructure_cooldown=settings.infrastructure_cooldown,

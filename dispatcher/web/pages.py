@@ -68,7 +68,7 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         shown,
         runs,
         local_host=source.host_id,
-        failure_limit=kanban.failure_limit,
+        failure_limit=kanban.limit_for(),
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
     )
@@ -163,7 +163,7 @@ def card_context(
         session=session,
         log_text=log_text,
         log_cut=log_cut,
-        failure_limit=card.failure_limit or source.settings.kanban.failure_limit,
+        failure_limit=card.failure_limit or source.settings.kanban.limit_for(card.assignee),
         assignees=sorted(source.settings.kanban.assignees),
         move_targets=[s.value for s in MOVE_TARGETS if s is not card.status],
     )
