@@ -148,6 +148,52 @@ def test_the_tried_record_and_the_reasons() -> None:
     assert spread.next is not None and spread.next.at == NOW + 5
 
 
+def test_what_history_says_of_a_fire_with_retries() -> None:
+    from dispatcher.cron.report import attempt_text, history_lines, retry_entry
+    from dispatcher.timefmt import TimeView
+
+    view = TimeView(now=NOW, zone=None)
+    first = Try(attempt=1, outcome=Outcome.FAILED, exit_code=3, session_id="s_1")
+    second = Try(attempt=2, outcome=Outcome.FAILED, exit_code=3, session_id="s_2")
+    waiting = fire(
+        status=Status.RETRY,
+        attempt=3,
+        attempts=4,
+        tries=(first, second),
+        retry_at=NOW + 40,
+        retry_kind=RetryKind.BACKOFF,
+        retry_reason="backoff, attempt 3 of 4",
+    )
+    assert attempt_text(waiting) == "3 of 4" and attempt_text(fire(attempts=None)) == "1"
+    assert history_lines(waiting, view) == [
+        "attempt 1 of 4: failed (exit 3), session s_1",
+        "attempt 2 of 4: failed (exit 3), session s_2",
+        "next try in 40s (backoff, attempt 3 of 4)",
+    ]
+    deferred = fire(
+        status=Status.RETRY,
+        zone="Europe/Berlin",
+        tries=(Try(attempt=1, outcome=Outcome.DEFERRED, counted=False),),
+        retry_at=NOW + 600,
+        retry_kind=RetryKind.DEFERRED,
+        retry_reason="rate limited",
+    )
+    until = view.at(NOW + 600, "Europe/Berlin")
+    assert (
+        history_lines(deferred, view)[-1] == f"deferred until {until} by the worker: rate limited"
+    )
+    assert history_lines(deferred, view)[0] == "attempt 1 of 3: deferred, not counted"
+    assert retry_entry(deferred) == {
+        "attempt": 1,
+        "attempts": 3,
+        "next_try_at": "2027-01-15T09:10:00+01:00",
+        "kind": "deferred",
+        "reason": "rate limited",
+    }
+    # A fire of one try without a retry policy prints nothing more than before.
+    assert history_lines(fire(attempts=None, status=Status.DONE, tries=(first,)), view) == []
+
+
 # -- the scheduler ---------------------------------------------------------------------------
 
 RETRY = policy()

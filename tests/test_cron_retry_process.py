@@ -126,6 +126,12 @@ def test_a_job_failing_every_attempt_ends_paused_until_resumed(leak_guard: Any, 
     [line] = [x for x in out.splitlines() if x.startswith("cron paused:")]
     assert "flaky since" in line and "by dispatch: fire flaky@2026-01-05T10:00:00 failed" in line
     assert line.endswith("dispatch cron resume flaky")
+    (paused,) = json.loads(cron.cli("status", "--json")[1])["cron_paused"]
+    assert (paused["job_id"], paused["by"], paused["reason"]) == (
+        "flaky",
+        "dispatch",
+        state.paused_reason,
+    )
     code, out, _ = cron.cli("cron", "history", "flaky")
     assert "attempt 1 of 3: failed (exit 3)" in out and "attempt 3 of 3: failed (exit 3)" in out
     assert "no further try: 3 of 3 attempts used" in out
