@@ -149,6 +149,44 @@ def test_a_job_failing_every_attempt_ends_paused_until_resumed(leak_guard: Any, 
     assert not any(x.startswith("cron paused:") for x in cron.cli("status")[1].splitlines())
 
 
+def test_a_fire_failing_twice_completes_on_its_third_attempt_and_exit_2_fails_at_once(
+    leak_guard: Any, crons: Any, tmp_path: Path
+) -> None:
+    count = tmp_path / "count"
+    # Counts its tries in a file: exits 1 twice, then 0.
+    twice = 'n=$(cat "$1" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$1"; test $n -ge 3'
+    sample = (
+        "{attempts: 4, backoff: {initial: 10s, factor: 2, jitter: none},"
+        " rules: [{exit_codes: ['2', '64-77'], action: fail}]}"
+    )
+    cron = crons(
+        "    - id: flaky\n"
+        "      schedule: '*/5 * * * *'\n"
+        f"      command: {json.dumps(['sh', '-c', twice, 'sh', str(count)])}\n"
+        f"      retry: {sample}\n"
+        "    - id: usage\n"
+        "      schedule: '*/5 * * * *'\n"
+        "      command: [sh, -c, 'exit 2']\n"
+        f"      retry: {sample}\n"
+    )
+    key = "flaky@2026-01-05T10:00:00"
+    cron.at("2026-01-05T10:00:00")
+    first = cron.until(key, Status.RETRY)
+    usage = cron.until("usage@2026-01-05T10:00:00", Status.DONE)
+    assert (usage.outcome, usage.exit_code, len(usage.tries)) == (Outcome.FAILED, 2, 1)
+    assert usage.retry_reason == "rule exit 2,64-77: no retry"
+    cron.at("2026-01-05T10:00:40")
+    second = cron.until(key, Status.RETRY)
+    # The two back-offs, from each try's end on the scheduler's clock: 10 s, then 20 s.
+    backoffs = [first.retry_at - T0 - 30, second.retry_at - T0 - 70]  # type: ignore[operator]
+    assert backoffs == [10, 20]
+    cron.at("2026-01-05T10:01:30")
+    done = cron.until(key, Status.DONE)
+    assert (done.outcome, done.attempt) == (Outcome.COMPLETED, 3)
+    assert [t.outcome for t in done.tries] == [Outcome.FAILED, Outcome.FAILED, Outcome.COMPLETED]
+    assert count.read_text().strip() == "3"
+
+
 @pytest.mark.parametrize(
     ("overlap", "next_fire", "old_fire"),
     [

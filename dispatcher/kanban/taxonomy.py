@@ -179,7 +179,7 @@ def _by_rule(
     card: Card, data: dict[str, Any], result: Result, breaker: Breaker, now: float, rule: Rule
 ) -> CardChange:
     """A configured rule decides: fail now, a counted retry, or a retry that uses no attempt."""
-    data["rule"] = _rule_label(rule)
+    data["rule"] = rule.label
     if rule.action is Action.FAIL:
         return _counted(card, data, result, breaker, now, give_up=f"{data['rule']}: no retry")
     if rule.counted:
@@ -187,16 +187,6 @@ def _by_rule(
     data["counted"] = False
     delay = breaker.policy(card.assignee).backoff.delay(card.tempfail_count + 1, breaker.rng)
     return _tempfail(card, data, result, breaker, now, delay=delay)
-
-
-def _rule_label(rule: Rule) -> str:
-    if rule.name:
-        return rule.name
-    parts = [", ".join(o.value for o in rule.outcomes)] if rule.outcomes else []
-    if rule.exit_codes:
-        codes = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in rule.exit_codes)
-        parts.append(f"exit {codes}")
-    return "rule " + (" ".join(parts) or "(any)")
 
 
 def _tempfail(
