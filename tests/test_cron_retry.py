@@ -194,6 +194,60 @@ def test_what_history_says_of_a_fire_with_retries() -> None:
     assert history_lines(fire(attempts=None, status=Status.DONE, tries=(first,)), view) == []
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("  retry: {}\n", "cron.retry.attempts: a cron retry policy needs attempts"),
+        ("  retry: {attempts: 0}\n", "cron.retry.attempts: must be at least 1"),
+        ("  retry: {attempts: 2, backoff: {factor: 0.5}}\n", "cron.retry.backoff.factor: must"),
+        (
+            "  retry: {attempts: 2, backoff: {initial: 1m, max: 10s}}\n",
+            "cron.retry.backoff.max: must be at least backoff.initial",
+        ),
+        (
+            "  retry: {attempts: 2, rules: [{outcomes: [exploded]}]}\n",
+            "cron.retry.rules[0].outcomes[0]: unknown outcome 'exploded'",
+        ),
+        (
+            "  retry: {attempts: 2, rules: [{exit_codes: ['9-x']}]}\n",
+            "cron.retry.rules[0].exit_codes[0]: invalid exit code",
+        ),
+        (
+            "  jobs:\n    - {id: a, every: 1m, command: [x], retry: {backoff: {initial: 1s}}}\n",
+            "cron.jobs[0].retry.attempts: a cron retry policy needs attempts",
+        ),
+        (
+            "  jobs:\n    - {id: a, every: 1m, command: [x], on_exhausted: stop}\n",
+            "cron.jobs[0].on_exhausted: invalid value 'stop'; use one of: none, pause",
+        ),
+        ("  tempfail_limit: 0\n", "cron.tempfail_limit: must be at least 1"),
+    ],
+)
+def test_bad_cron_retry_config_is_one_line_naming_the_key(text: str, expected: str) -> None:
+    from dispatcher.config import parse_config
+    from scope.foundation.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(f"cron:\n{text}", "c.yaml")
+    message = info.value.message
+    assert expected in message and "\n" not in message, message
+    assert info.value.exit_code == 2
+
+
+def test_cron_retry_default_and_per_job() -> None:
+    from dispatcher.config import parse_config
+
+    settings = parse_config(
+        "cron:\n  retry: {attempts: 3}\n  jobs:\n    - {id: a, every: 1m, command: [x]}\n"
+        "    - {id: b, every: 1m, command: [x], retry: {attempts: 2}, on_exhausted: pause}\n",
+        "c.yaml",
+    ).cron
+    a, b = settings.jobs
+    assert settings.policy(a) is settings.retry and settings.policy(b) is b.retry
+    assert (b.on_exhausted, a.on_exhausted) == (OnExhausted.PAUSE, OnExhausted.NONE)
+    assert parse_config("cron: {}\n", "c.yaml").cron.retry is None  # one try per fire
+
+
 # -- the scheduler ---------------------------------------------------------------------------
 
 RETRY = policy()
