@@ -221,6 +221,11 @@ def test_what_history_says_of_a_fire_with_retries() -> None:
             "cron.jobs[0].on_exhausted: invalid value 'stop'; use one of: none, pause",
         ),
         ("  tempfail_limit: 0\n", "cron.tempfail_limit: must be at least 1"),
+        (
+            "  retry: {attempts: 2, rules: [{outcomes: [oom_killed],"
+            " resources: {memory_max: 1G}}]}\n",
+            "cron.retry.rules[0].resources: a retry rule's resources apply to kanban workers only",
+        ),
     ],
 )
 def test_bad_cron_retry_config_is_one_line_naming_the_key(text: str, expected: str) -> None:

@@ -7,13 +7,16 @@ strings; durations are numbers of seconds.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.cron.plan import JobPlan, job_active
 from dispatcher.cron.records import FireRecord, JobState, RetryKind, Status, Try
 from dispatcher.cron.zones import load_zone
 from dispatcher.launch.outcome import Outcome
+from dispatcher.launch.resources import resources_json
 from dispatcher.timefmt import TimeView, relative
+from registry.abc import Session
 from scope.foundation.schema import format_duration
 
 
@@ -98,10 +101,11 @@ def job_entry(
     }
 
 
-def row_entry(row: FireRecord) -> dict[str, Any]:
-    """One element of ``dispatch cron history --json``."""
+def row_entry(row: FireRecord, sessions: Mapping[str, Session] | None = None) -> dict[str, Any]:
+    """One element of ``dispatch cron history --json``; ``sessions`` (this host's, by id)
+    adds the fire's ``resources``, ``memory_peak`` and ``cpu_time``."""
     zone = row.zone
-    return {
+    entry = {
         "job_id": row.job_id,
         "fire_key": row.fire_key,
         "kind": row.kind.value,
@@ -124,6 +128,9 @@ def row_entry(row: FireRecord) -> dict[str, Any]:
         "tries": [try_entry(t, zone) for t in row.tries],
         "retry": retry_entry(row),
     }
+    if sessions is not None:
+        entry.update(resources_json(sessions.get(row.session_id or "")))
+    return entry
 
 
 def try_entry(tried: Try, zone: str) -> dict[str, Any]:

@@ -169,6 +169,21 @@ _NEEDS_ATTEMPTS = (
 )
 
 
+def _check_policy(policy: RetryPolicy | None, path: tuple[str | int, ...]) -> None:
+    """What a cron retry policy must say, and what it cannot do yet."""
+    if policy is None:
+        return
+    if policy.attempts is None:
+        raise Invalid(_NEEDS_ATTEMPTS, (*path, "attempts"))
+    for index, rule in enumerate(policy.rules):
+        if rule.resources is not None:
+            raise Invalid(
+                "a retry rule's resources apply to kanban workers only for now; set the "
+                "job's resources instead",
+                (*path, "rules", index, "resources"),
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class CronSettings:
     """The ``cron:`` section."""
@@ -218,12 +233,10 @@ class CronSettings:
 
     def check(self) -> None:
         """Job ids are unique; a cron retry policy says how many tries a fire gets."""
-        if self.retry is not None and self.retry.attempts is None:
-            raise Invalid(_NEEDS_ATTEMPTS, ("retry", "attempts"))
+        _check_policy(self.retry, ("retry",))
         seen: dict[str, int] = {}
         for index, job in enumerate(self.jobs):
-            if job.retry is not None and job.retry.attempts is None:
-                raise Invalid(_NEEDS_ATTEMPTS, ("jobs", index, "retry", "attempts"))
+            _check_policy(job.retry, ("jobs", index, "retry"))
             if job.id in seen:
                 raise Invalid(
                     f"duplicate job id {job.id!r} (also jobs[{seen[job.id]}])",

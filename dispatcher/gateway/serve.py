@@ -42,6 +42,7 @@ from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import host_zone_name
 from dispatcher.errors import MissingModule
 from dispatcher.gateway import summary
+from dispatcher.gateway.admission import admitted
 from dispatcher.gateway.exits import EXIT_FAILED, EXIT_OK, EXIT_RESTART, start_failure
 from dispatcher.gateway.limits import raise_fd_limit
 from dispatcher.gateway.lock import ServeLock
@@ -246,6 +247,7 @@ class Gateway:
             runtime.close()
             raise
         self._runtime = runtime
+        self._member = admitted(self._member, self)  # admission under pressure holds claims
         assert self._cluster is not None
         self._store = self._cluster.board
         self._kanban = self._make_kanban(self.settings)
@@ -341,6 +343,8 @@ class Gateway:
             poked = self._board_moved() or poked
         if due:
             self._adopt_strays()
+        if (poked or finished) and self._notify is not None:
+            self._notify.wake()  # the change may have queued a message: no poll's delay
         if poked or finished or due:
             self._tick_kanban("safety" if due and not (poked or finished) else "wake")
             self._next_safety = self.clock.monotonic() + self.settings.serve.safety_tick
