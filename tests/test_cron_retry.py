@@ -488,3 +488,17 @@ def test_overlap_queue_one_waits_for_the_retry(world: World) -> None:
     s.tick(world.at("2026-01-05T10:06:02"))
     assert world.ledger.get(first.id).outcome is Outcome.COMPLETED
     assert world.ledger.get(second.id).status is Status.RUNNING
+
+
+def test_a_retry_held_past_its_start_deadline_is_missed_without_a_try(world: World) -> None:
+    s = world.scheduler(retrying())
+    s.tick()
+    s.tick(world.at("2026-01-05T10:00:00"))
+    fail_running(world)
+    s.tick(world.at("2026-01-05T10:00:01"))
+    s.set_hold(lambda now: "memory pressure 34 %")
+    assert s.tick(world.at("2026-01-05T10:00:30")).started == ()  # held, still in its window
+    s.tick(world.at("2026-01-05T11:00:00"))  # nominal + catch_up_window (1h)
+    (row,) = [r for r in world.rows() if r.fire_key == "j@2026-01-05T10:00:00"]
+    assert (row.outcome, row.error) == (Outcome.MISSED, "memory pressure 34 %")
+    assert [t.outcome for t in row.tries] == [Outcome.FAILED]

@@ -30,7 +30,7 @@ from dispatcher.cron.settings import CronJob, CronSettings, OnExhausted
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.core import LaunchCore, Orphan, Recorded
 from dispatcher.launch.failure import WorkerSetupError
-from dispatcher.launch.outcome import Outcome, Result, outcome_of
+from dispatcher.launch.outcome import CRON_DECISIONS, Outcome, Result, outcome_of
 from dispatcher.launch.setup import Workplace
 from registry.abc import Owner, OwnerKind, Registry, Session, SpawnRequest
 from scope.abc import CallerKind
@@ -440,10 +440,12 @@ def _final_change(
     row: FireRecord, result: Result, session: Session | None, now: float, verdict: Verdict
 ) -> FireChange:
     """The columns of a row reaching ``done`` with ``result`` after its last try."""
+    # A decision about a try that never started (held past its deadline: missed) is no try.
+    tried = () if result.outcome in CRON_DECISIONS else (verdict.tried,)
     tries = FireChange(
         status=Status.DONE,
         outcome=verdict.tried.outcome,
-        tries=(*row.tries, verdict.tried),
+        tries=(*row.tries, *tried),
         error=result.error,
         infrastructure=result.infrastructure,
         attempt=verdict.tried.attempt,
