@@ -24,6 +24,8 @@ from dispatcher.kanban.model import (
     Limits,
     NewCard,
 )
+from dispatcher.kanban.store import ready_query
+from dispatcher.kanban.tick import WALK_PAGE
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
 
@@ -250,3 +252,21 @@ def test_a_rescuer_killed_mid_rescue_changes_nothing(db: ClusterDB, pg_url: str)
     )
     assert [r.runs for r in rescued] == [(run.run_id,)]
     assert on_a.get_card(card_id).status is CardStatus.READY
+
+
+def test_the_walk_skips_cards_backing_off_through_an_index(db: ClusterDB) -> None:
+    with db.write(None) as conn:
+        conn.execute(
+            "INSERT INTO kanban_cards (id, title, assignee, status, priority, created_at,"
+            " updated_at, retry_at) SELECT 'c_' || lpad(to_hex(g), 10, '0'), 't', 'a', 'ready',"
+            " mod(g, 2) * 5, g, g, CASE WHEN mod(g, 2) = 1 THEN 4e9 END"
+            " FROM generate_series(1, 20000) g"
+        )
+        conn.execute("ANALYZE kanban_cards")
+    sql, params = ready_query(limit=WALK_PAGE, now=NOW)
+    with db.read() as conn:
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, params).fetchall())
+    assert "Seq Scan" not in plan and "kanban_cards_ready" in plan, plan
+    assert "kanban_cards_retry" in plan, plan
+    page = PgBoardStore(db).ready_cards(limit=WALK_PAGE, now=NOW)
+    assert len(page) == WALK_PAGE and all(c.retry_at is None for c in page)

@@ -604,6 +604,78 @@ def test_metrics_count_runs_and_the_ready_to_running_latency(dash: Dash) -> None
     assert metrics["dispatch_kanban_runs_open"][()] == 0
 
 
+def test_metrics_count_retries_by_reason_and_fires_retried(dash: Dash) -> None:
+    from dispatcher.cron.changes import FireChange
+    from dispatcher.cron.records import Kind, RetryKind, Status, Try
+    from dispatcher.kanban.model import EventKind
+    from dispatcher.launch.outcome import Outcome
+
+    card = dash.add("flaky")
+    store = dash.source.store
+    now = time.time()
+    for kind, data in (
+        (EventKind.FAILED, {"retry_at": now + 10, "attempt": 1}),  # counted back-off
+        (EventKind.FAILED, {"retry_at": now + 10, "counted": False}),  # counted: false rule
+        (EventKind.TEMPFAIL, {"retry_at": now + 30}),  # exit 75
+        (EventKind.FAILED, {"attempt": 2}),  # the breaker gave up: no retry
+        (EventKind.DEFERRED, {"until": now + 60}),
+    ):
+        store.append_event(card, kind, data, now=now)
+    ledger = dash.source.ledger()
+    failed = Try(attempt=1, outcome=Outcome.FAILED)
+    fires = {
+        "nightly@2026-12-01T03:00:00": (
+            (failed, Try(attempt=2, outcome=Outcome.COMPLETED)),
+            "done",
+        ),
+        "nightly@2026-12-02T03:00:00": (
+            (Try(attempt=1, outcome=Outcome.DEFERRED, counted=False),),
+            "retry",
+        ),
+        "nightly@2026-12-03T03:00:00": ((Try(attempt=1, outcome=Outcome.COMPLETED),), "done"),
+    }
+    for key, (tries, status) in fires.items():
+        with ledger.transaction() as tx:
+            row_id = tx.insert(
+                fire_key=key,
+                job_id="nightly",
+                kind=Kind.SCHEDULE,
+                nominal_wall=key[8:],
+                zone="UTC",
+                nominal=now,
+                decided_at=now,
+                status=Status.CLAIMED,
+                attempts=3,
+            )
+        assert row_id is not None
+        change = FireChange(
+            status=Status(status),
+            tries=tries,
+            retry_kind=RetryKind.DEFERRED,
+            retry_at=now + 600,
+            retry_reason="quota",
+        )
+        ledger.update(row_id, [Status.CLAIMED], change)
+    metrics = _metrics(dash)
+    kanban = metrics["dispatch_kanban_retries_total"]
+    assert kanban == {
+        (("reason", "backoff"),): 1,
+        (("reason", "uncounted"),): 2,
+        (("reason", "deferred"),): 1,
+    }
+    cron = metrics["dispatch_cron_retries_total"]
+    assert cron == {
+        (("job", "nightly"), ("reason", "backoff")): 1,
+        (("job", "nightly"), ("reason", "deferred")): 1,
+    }
+    assert metrics["dispatch_cron_fires_retried_total"] == {(("job", "nightly"),): 1}
+    # The cron page shows the pending deferral and the retried fire's tries.
+    page = dash.client.get("/cron/nightly").text
+    history = page[page.index("<h2>History</h2>") :]
+    assert "attempt 1 of 3: failed" in history, history
+    assert "by the worker: quota" in history
+
+
 @pytest.mark.postgres
 def test_cluster_mode_shows_every_host_and_its_lease(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], pg_url: str

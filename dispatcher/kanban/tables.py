@@ -83,6 +83,15 @@ CREATE TABLE kanban_meta (
 INSERT INTO kanban_meta (key, value) VALUES ('board_version', 0), ('paused', 0);
 """
 
+READY_INDEXES = """
+CREATE INDEX kanban_cards_ready ON kanban_cards (priority DESC, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NULL;
+CREATE INDEX kanban_cards_retry ON kanban_cards (retry_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NOT NULL;
+"""
+"""The claim's walk skips cards backing off through these: the ready cards that never backed
+off in pick order, and the others by the end of their back-off (issue 21)."""
+
 COMPONENT = Component(
     name="kanban",
     migrations=[
@@ -97,6 +106,7 @@ COMPONENT = Component(
             apply="CREATE INDEX kanban_runs_ended ON kanban_runs (ended_at);",
             note="runs by end time (the web's charts read a time range)",
         ),
+        Migration(version=4, apply=READY_INDEXES, note="ready cards with and without a back-off"),
     ],
 )
 """The kanban board's tables; listed in :func:`dispatcher.app.database.components`."""
