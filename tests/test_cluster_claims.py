@@ -28,6 +28,7 @@ from dispatcher.kanban.store import ready_query
 from dispatcher.kanban.tick import WALK_PAGE
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -212,6 +213,21 @@ def _crash(url: str, step: str, card: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _until_abandoned_transactions_end(db: ClusterDB) -> None:
+    """The server ends a killed client's backend (releasing its locks) only once it reads the
+    closed socket; under load that can lag the client's death by a moment."""
+
+    def open_transactions() -> int:
+        with db.connect() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    wait_for(lambda: open_transactions() == 0, timeout=20, what="the killed client's backend")
+
+
 def test_a_claimer_killed_inside_its_claim_leaves_the_card_claimable(
     db: ClusterDB, pg_url: str
 ) -> None:
@@ -219,6 +235,7 @@ def test_a_claimer_killed_inside_its_claim_leaves_the_card_claimable(
     (card_id,) = _cards(PgBoardStore(db), 1)
     died = _crash(pg_url, "claim_counted", card_id)
     assert died.returncode == -9 and "survived" not in died.stdout, died.stderr
+    _until_abandoned_transactions_end(db)
     other = PgBoardStore(db, HostStamp(host_id="b", epoch=1))
     assert other.get_card(card_id).status is CardStatus.READY
     claim = other.claim(
@@ -243,6 +260,7 @@ def test_a_rescuer_killed_mid_rescue_changes_nothing(db: ClusterDB, pg_url: str)
     assert run is not None
     died = _crash(pg_url, "rescue_taken", card_id)
     assert died.returncode == -9, died.stderr
+    _until_abandoned_transactions_end(db)
     assert hosts.row("a").epoch == 1  # type: ignore[union-attr]
     assert on_a.get_run(run.run_id).open
     # The next rescue does it whole, once.

@@ -724,17 +724,21 @@ def test_the_small_page_defects_are_gone(dash: Dash, monkeypatch: pytest.MonkeyP
     assert re.search(r"<dt>started</dt><dd>\d\d:\d\d:\d\d \S+ \((now|\d+s ago)\)</dd>", page)
     assert not re.search(r"\d\d:\d\d:\d\d [+-]\d\d:\d\d", page)  # no bare numeric offset
     # A kanban session's owner links its card (through its run).
-    assert dash.cli("kanban", "add", "sleepy", "--assignee", "sleeper")[0] == 0
+    code, out, err = dash.cli("kanban", "add", "sleepy", "--assignee", "sleeper")
+    assert code == 0, err
+    sleepy = out.strip()
     assert dash.cli("kanban", "tick")[0] == 0
-    [running] = [c for c in dash.json("kanban", "list") if c["status"] == "running"]
-    shown = dash.json("kanban", "show", running["id"])
+    # The tick also claims the echo cards above; only the sleeper's run stays up.
+    shown = dash.json("kanban", "show", sleepy)
+    assert shown["status"] == "running", shown
     run = shown["current_run_id"]
     worker = next(r for r in shown["runs"] if r["run_id"] == run)["session_id"]
     page = dash.client.get(f"/sessions/{worker}").text
     assert f'<a href="/runs/{run}">kanban:{run}</a>' in page
     # The cron job page shows the command and the policies as `cron list` writes them.
     job = dash.client.get("/cron/nightly").text
-    listed = dash.cli("cron", "list")[1]
+    code, listed, err = dash.cli("cron", "list")
+    assert code == 0 and "overlap=" in listed, (code, listed, err)
     policies = listed[listed.index("overlap=") :].splitlines()[0].strip()
     assert "<dt>command</dt><dd><code>true</code>" in job and f"<code>{policies}</code>" in job
     # The status page's doctor panel starts as `dispatch doctor` does on such a host.
