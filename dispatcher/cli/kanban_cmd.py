@@ -152,7 +152,11 @@ def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
     review = sub("review", "Worker: hand the card to review.", handle_review)
     _worker_options(review)
 
-    defer = sub("defer", "Worker: try the card again later (not counted).", handle_defer)
+    defer = sub(
+        "defer",
+        "Worker: try the card (in a cron worker: the fire) again later (not counted).",
+        handle_defer,
+    )
     _worker_options(defer)
     when = defer.add_argument_group("when").add_mutually_exclusive_group(required=True)
     when.add_argument("--for", dest="for_", metavar="DURATION", help="from now (5m, 1h30m)")
@@ -519,21 +523,46 @@ def handle_block(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def handle_defer(args: argparse.Namespace, ctx: Context) -> int:
-    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME."""
-    workspace = _workspace(ctx)
+    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME.
+    Inside a cron worker (no card, a fire key) it defers the fire's next try instead."""
+    env = ctx.environ
+    if not (args.id or args.run or env.get("DISPATCH_CARD_ID")) and env.get("DISPATCH_FIRE_KEY"):
+        return _defer_fire(args, ctx)
+    workspace = _report_workspace(ctx)
     now = workspace.now()
-    if args.for_ is not None:
-        try:
-            until = now + parse_duration(args.for_)
-        except Invalid as err:
-            raise UsageError(f"--for: {err.problem}") from None
-    else:
-        until = _until_arg(args.until)
+    until = _defer_until(args, now)
     card = workspace.board.defer(
         _card_id(args, ctx), _run_id(args, ctx), until=until, reason=args.reason, now=now
     )
     _print_card(ctx, card.id, card_json(card), f"{card.id} deferred until {iso(until)}")
     return 0
+
+
+def _defer_fire(args: argparse.Namespace, ctx: Context) -> int:
+    from dispatcher.app.reports import defer_fire
+    from dispatcher.cron.report import row_entry
+
+    row, until = defer_fire(
+        _quiet_settings(ctx),
+        ctx.state_dir,
+        ctx.environ,
+        until=lambda now: _defer_until(args, now),
+        reason=args.reason,
+    )
+    if ctx.json:
+        ctx.emit_json(row_entry(row))
+    else:
+        ctx.out(f"{row.fire_key}: next try deferred until {iso(until)}")
+    return 0
+
+
+def _defer_until(args: argparse.Namespace, now: float) -> float:
+    if args.for_ is None:
+        return _until_arg(args.until)
+    try:
+        return now + parse_duration(args.for_)
+    except Invalid as err:
+        raise UsageError(f"--for: {err.problem}") from None
 
 
 def _until_arg(text: str) -> float:

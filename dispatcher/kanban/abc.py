@@ -169,10 +169,19 @@ class BoardStore(abc.ABC):
         blocks whose time is up → ``ready`` (``unblocked``). Returns (card id, event kind)."""
 
     @abc.abstractmethod
-    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
-        """``ready`` cards without an open run, by priority then age then id (back-off and
-        cooldown are not filtered here; the dispatcher reports them): at most ``limit``, the
-        ones after ``after`` in that order (a page; the walk of a big board reads pages)."""
+    def ready_cards(
+        self, *, after: Card | None = None, limit: int | None = None, now: float | None = None
+    ) -> list[Card]:
+        """``ready`` cards without an open run, by priority then age then id: at most
+        ``limit``, the ones after ``after`` in that order (a page; the walk of a big board
+        reads pages). With ``now``, cards backing off (``retry_at`` after ``now``) are left
+        out, through an index: a page costs the same however many cards back off. Cooldown is
+        never filtered here (the dispatcher decides it)."""
+
+    @abc.abstractmethod
+    def backing_off(self, *, now: float, limit: int) -> list[str]:
+        """Ids of ``ready`` cards without an open run whose ``retry_at`` is after ``now``,
+        next try first, at most ``limit`` (what a tick reports; through an index)."""
 
     @abc.abstractmethod
     def claim(

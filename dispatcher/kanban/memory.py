@@ -262,17 +262,34 @@ class MemoryBoardStore(BoardStore):
                 self._version += 1
         return done
 
-    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
+    def ready_cards(
+        self, *, after: Card | None = None, limit: int | None = None, now: float | None = None
+    ) -> list[Card]:
         with self._lock:
             cards = [
                 dataclasses.replace(c, parents=())
                 for c in self._cards.values()
-                if c.status is CardStatus.READY and c.current_run_id is None
+                if c.status is CardStatus.READY
+                and c.current_run_id is None
+                and (now is None or c.retry_at is None or c.retry_at <= now)
             ]
         ordered = sorted(cards, key=_board_order)
         if after is not None:
             ordered = [c for c in ordered if _board_order(c) > _board_order(after)]
         return ordered if limit is None else ordered[: max(0, limit)]
+
+    def backing_off(self, *, now: float, limit: int) -> list[str]:
+        with self._lock:
+            waiting = [
+                c
+                for c in self._cards.values()
+                if c.status is CardStatus.READY
+                and c.current_run_id is None
+                and c.retry_at is not None
+                and c.retry_at > now
+            ]
+        waiting.sort(key=lambda c: (c.retry_at, c.id))
+        return [c.id for c in waiting[: max(0, limit)]]
 
     def claim(
         self,
