@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dispatcher.cron.tables import DECIDED_INDEX
+
 BOARD = """
 CREATE TABLE kanban_cards (
     id text PRIMARY KEY,
@@ -179,6 +181,15 @@ CREATE INDEX cron_fires_ended ON cron_fires (ended_at);
 """
 """Runs and fires by end time: the web's charts read one time range of each."""
 
+RUN_HISTORY = """
+ALTER TABLE kanban_runs ADD COLUMN ready_at double precision;
+DROP INDEX kanban_runs_ended;
+CREATE INDEX kanban_runs_closed ON kanban_runs
+    (ended_at, outcome, claimed_at, started_at, ready_at, card_id) WHERE ended_at IS NOT NULL;
+"""
+"""As the SQLite board's version 5 (dispatcher/kanban/tables.py): runs' ready time, and the
+closed runs by end time with every column the charts read."""
+
 TOKENS = """
 CREATE TABLE web_tokens (
     id text PRIMARY KEY,
@@ -223,6 +234,8 @@ MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (6, "the HTTP API's tokens", TOKENS),
     (7, "a fire's tries and retries; pause reason", RETRIES),
     (8, "ready cards with and without a back-off", READY_INDEXES),
+    (9, "settled fires that never ran, by decision time", DECIDED_INDEX),
+    (10, "runs' ready time; closed runs by end time", RUN_HISTORY),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.buckets import Bucket, Window
 from dispatcher.cron.records import FireRecord, JobState, Status
 
 if TYPE_CHECKING:
@@ -141,3 +142,24 @@ class LedgerStore(abc.ABC):
     @abc.abstractmethod
     def known_job(self, job_id: str) -> bool:
         """Whether the ledger has any row or state for ``job_id``."""
+
+    # -- history (the web's charts and timeline) ---------------------------------------------
+
+    @abc.abstractmethod
+    def fire_buckets(self, window: Window, *, job_id: str | None = None) -> list[Bucket]:
+        """Per bucket of ``window``, the settled fires (of ``job_id``) counted when they
+        settled (:func:`dispatcher.cron.history.fire_time`): counts by outcome, and the spreads
+        ``lag`` (due to start of scheduled fires) and ``run`` (start to end). Index ranges on
+        the end and decision times, never a walk of the ledger."""
+
+    @abc.abstractmethod
+    def fires_in(
+        self,
+        start: float,
+        end: float,
+        *,
+        job_id: str | None = None,
+        outcome: str | None = None,
+        limit: int = 500,
+    ) -> list[FireRecord]:
+        """At most ``limit`` settled fires whose time is in ``[start, end)``, by that time."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron import notices
 from dispatcher.cron.abc import LedgerStore, LedgerTx
+from dispatcher.cron.history import SqlFireHistory
 from dispatcher.cron.records import (
     COLUMNS,
     EMPTY_ROW,
@@ -205,7 +206,7 @@ class Tx(LedgerTx):
         return True
 
 
-class Ledger(LedgerStore):
+class Ledger(SqlFireHistory, LedgerStore):
     """Reads and writes the cron tables of a :class:`~registry.store.database.StateDB`.
 
     Its SQL serves every SQL backend: a subclass names its transaction class and its

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.buckets import Bucket, Window
+from dispatcher.cron import history
 from dispatcher.cron.abc import LedgerStore, LedgerTx
 from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
 
@@ -250,3 +252,23 @@ class MemoryLedger(LedgerStore):
         with self._lock:
             book = self._book
             return job_id in book.jobs or any(r["job_id"] == job_id for r in book.rows.values())
+
+    def _records(self) -> list[FireRecord]:
+        with self._lock:
+            return [self._book.record(i) for i in sorted(self._book.rows)]
+
+    def fire_buckets(self, window: Window, *, job_id: str | None = None) -> list[Bucket]:
+        return history.fire_buckets(window, self._records(), job_id)
+
+    def fires_in(
+        self,
+        start: float,
+        end: float,
+        *,
+        job_id: str | None = None,
+        outcome: str | None = None,
+        limit: int = 500,
+    ) -> list[FireRecord]:
+        return history.fires_in(
+            self._records(), start, end, job_id=job_id, outcome=outcome, limit=limit
+        )

@@ -39,11 +39,12 @@ from dispatcher.kanban.rows import (
     run_of,
 )
 from dispatcher.kanban.sql import (
+    READY_SINCE_SQL,
     WAITING_SQL,
-    SqlBoard,
     SqlConnection,
     SqlDatabase,
 )
+from dispatcher.kanban.sqlhistory import SqlHistory
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
 from registry.store.database import StateDB
@@ -83,7 +84,7 @@ def ready_query(
     return sql, [*params, now, *params]
 
 
-class SqlBoardStore(SqlBoard):
+class SqlBoardStore(SqlHistory):
     """The board in a SQL database (tables of :mod:`dispatcher.kanban.tables`)."""
 
     # -- cards -------------------------------------------------------------------------------
@@ -334,9 +335,10 @@ class SqlBoardStore(SqlBoard):
             )
             run_id = RUN_IDS.new()
             conn.execute(
-                "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"
-                " claimer_start, claimer_boot) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot),
+                "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"  # noqa: S608
+                f" claimer_start, claimer_boot, ready_at) VALUES (?, ?, ?, ?, ?, ?, ?,"
+                f" {READY_SINCE_SQL})",
+                (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot, card_id),
             )
             self._stamp(conn, run_id)
             cursor = conn.execute(

@@ -81,8 +81,15 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         done_page=views.DONE_PAGE,
         running=counts.get(CardStatus.RUNNING, 0),
         max_in_progress=kanban.max_in_progress,
+        strip=_strip(site),
     )
     return context
+
+
+def _strip(site: Site) -> Any:
+    from dispatcher.web.charts import strip  # the charts module builds on this one
+
+    return strip(site)
 
 
 async def board(request: Request) -> Response:
