@@ -69,7 +69,7 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         shown,
         runs,
         local_host=source.host_id,
-        failure_limit=kanban.limit_for(),
+        limit_for=kanban.limit_for,
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
     )
