@@ -335,7 +335,7 @@ CASES = [
     ("missing config", "--config {tmp}/none.yaml kanban add t --assignee w"),
     ("complete", "kanban complete {complete} --run {run-complete} --result fine"),
     ("complete json", "kanban complete {complete} --run {run-complete} --json"),
-    ("complete as a worker", "kanban complete", "worker"),
+    ("complete as a worker", "kanban complete", "complete"),
     ("complete, stale run", "kanban complete {complete} --run {run-review}"),
     ("complete, bad run id", "kanban complete {complete} --run x"),
     ("complete, no run", "kanban complete {complete}"),
@@ -353,21 +353,28 @@ CASES = [
     ("defer, past", "kanban defer {defer} --run {run-defer} --until 2020-01-01T09:00"),
     ("defer, bad duration", "kanban defer {defer} --run {run-defer} --for soon"),
     ("defer, both", "kanban defer --for 1m --until 2030-01-01"),
+    ("defer as a worker", "kanban defer --for 2h --reason later", "defer"),
+    ("block as a worker", "kanban block --kind transient --reason wait", "block"),
 ]
-"""(label, command line, environment): ``{card}`` and ``{run-card}`` name the world's cards
-and runs; "worker" is a worker's environment (run, host and card of ``complete``)."""
+"""(label, command line[, worker]): ``{card}`` and ``{run-card}`` name the world's cards and
+runs; a third item runs the command in the environment of that card's worker (its run, card
+and a host id)."""
 
 
 def _cases(world: dict[str, Any]) -> list[tuple[str, list[str], dict[str, str]]]:
     names = {**world["cards"], **{f"run-{k}": v for k, v in world["runs"].items()}}
     names["tmp"] = str(world["tmp"])
-    worker = {
-        "DISPATCH_RUN_ID": world["runs"]["complete"],
-        "DISPATCH_HOST_ID": "h",
-        "DISPATCH_CARD_ID": world["cards"]["complete"],
-    }
+
+    def worker(card: str) -> dict[str, str]:
+        runs, cards = world["runs"], world["cards"]
+        return {
+            "DISPATCH_RUN_ID": runs[card],
+            "DISPATCH_HOST_ID": "h",
+            "DISPATCH_CARD_ID": cards[card],
+        }
+
     return [
-        (label, shlex.split(line.format_map(names)), worker if extra else {})
+        (label, shlex.split(line.format_map(names)), worker(extra[0]) if extra else {})
         for label, line, *extra in CASES
     ]
 
@@ -395,25 +402,31 @@ def test_fast_and_full_paths_agree(
 def test_a_broken_config_reads_the_same_on_both_paths(
     world: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The snapshot of the good file is not used once the file changed: an operator's add
-    reports the config error (exit 2), a worker's report lands without a word."""
+    """The snapshot of the good file is not used once the file changed: an operator's add or
+    defer reports the config error (exit 2), a worker's report lands without a word."""
     world["config"].write_text(CONFIG + "  bogus: [\n")
     cards, runs = world["cards"], world["runs"]
     worker = {"DISPATCH_RUN_ID": runs["review"], "DISPATCH_HOST_ID": "h"}
+    deferring = {"DISPATCH_RUN_ID": runs["defer"], "DISPATCH_HOST_ID": "h"}
     cases = [
         (["kanban", "add", "t", "--assignee", "w"], {}),
         (["kanban", "review", cards["review"]], worker),
+        (["kanban", "defer", cards["defer"], "--for", "1m"], deferring),
         (["kanban", "defer", cards["defer"], "--run", runs["defer"], "--for", "1m"], {}),
     ]
+    results = []
     for number, (argv, env) in enumerate(cases):
         fast = _run(world, capsys, f"broken-{number}-fast", argv, env)
         full = _run(
             world, capsys, f"broken-{number}-full", argv, {**env, "DISPATCH_FAST_PATH": "0"}
         )
         assert fast == full, argv
-    assert fast[0] == 2 and "invalid YAML" in fast[2]  # defer: an operator's command
-    add = _run(world, capsys, "broken-add", cases[0][0], {})
-    assert add[0] == 2 and add[2].count("\n") == 1 and "config.yaml:" in add[2]
+        results.append(fast)
+    added, reviewed, deferred, operator_deferred = results
+    assert added[0] == 2 and added[2].count("\n") == 1 and "config.yaml:" in added[2]
+    assert reviewed[:3] == (0, f"{cards['review']} in review\n", "")
+    assert deferred[0] == 0 and deferred[2] == ""
+    assert operator_deferred[0] == 2 and "invalid YAML" in operator_deferred[2]
 
 
 def _count(monkeypatch: pytest.MonkeyPatch, calls: dict[str, int], target: str, key: str) -> None:

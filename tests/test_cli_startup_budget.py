@@ -103,7 +103,9 @@ def test_kanban_add_with_a_current_snapshot_takes_the_fast_path(tmp_path: Path) 
     assert "dispatcher.kanban.store" in modules and "sqlite3" in modules
     assert not (modules & FAST_PATH_NEVER)
     assert not {m for m in modules if m.startswith(("registry.process", "dispatcher.app.work"))}
-    assert "dispatcher.launch.outcome" not in modules  # the records' vocabulary, not needed
+    # Neither the records' vocabulary nor the history and search the board store also serves.
+    assert not modules & {"dispatcher.launch.outcome", "dispatcher.buckets", "decimal"}
+    assert "dispatcher.kanban.search" not in modules
 
 
 def test_worker_reports_take_the_fast_path(tmp_path: Path) -> None:

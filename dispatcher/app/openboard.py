@@ -17,7 +17,7 @@ from dispatcher.app.clusterstate import ClusterState
 from dispatcher.app.wake import poke
 from dispatcher.kanban.board import Board, BoardSettings
 from dispatcher.kanban.store import SqlBoardStore
-from scope.foundation.clock import Clock, SystemClock
+from scope.foundation.clock import Clock
 
 if TYPE_CHECKING:
     from registry.abc import Registry
@@ -39,8 +39,10 @@ class OpenBoard:
         clock: Clock | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
-        self.clock: Clock = clock or SystemClock()
         self.cluster = cluster
+        # Cluster mode: the database's clock, so a defer's time or a claim's "now" mean the
+        # same on every host.
+        self.clock: Clock = clock or cluster.clock
         self.db = cluster.local
         self.store: SqlBoardStore = cluster.board
         try:
@@ -51,7 +53,7 @@ class OpenBoard:
             raise
 
     def now(self) -> float:
-        """The current wall time."""
+        """The current wall time (the cluster database's in cluster mode)."""
         return self.clock.time()
 
     def _release(self) -> None:

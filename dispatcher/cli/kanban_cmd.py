@@ -155,7 +155,11 @@ def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
     review = sub("review", "Worker: hand the card to review.", handle_review)
     _worker_options(review)
 
-    defer = sub("defer", "Worker: try the card again later (not counted).", handle_defer)
+    defer = sub(
+        "defer",
+        "Worker: try the card (in a cron worker: the fire) again later (not counted).",
+        handle_defer,
+    )
     _worker_options(defer)
     when = defer.add_argument_group("when").add_mutually_exclusive_group(required=True)
     when.add_argument("--for", dest="for_", metavar="DURATION", help="from now (5m, 1h30m)")

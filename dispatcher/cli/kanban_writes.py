@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dispatcher.app import snapshot
-from dispatcher.app.reports import ENV_HOST_ID
+from dispatcher.app.reports import captured
 from dispatcher.cli.context import Context
 from dispatcher.cluster.url import ENV_URL
 from scope.foundation.errors import DispatchError, UsageError
@@ -56,11 +56,11 @@ def open_board(ctx: Context) -> OpenBoard:
 
 
 def open_report_board(ctx: Context) -> OpenBoard:
-    """The board a worker reports to: inside a worker (``DISPATCH_RUN_ID`` and
-    ``DISPATCH_HOST_ID`` set), only what its run was started with, so a broken, missing or
-    changed config never stops the report and none of its errors are printed; elsewhere (an
-    operator's shell) :func:`open_board`."""
-    if not ctx.environ.get("DISPATCH_RUN_ID") or not ctx.environ.get(ENV_HOST_ID):
+    """The board a worker reports to: inside a worker (``DISPATCH_RUN_ID`` or
+    ``DISPATCH_FIRE_KEY``, and ``DISPATCH_HOST_ID`` set), only what its run was started with,
+    so a broken, missing or changed config never stops the report and none of its errors are
+    printed; elsewhere (an operator's shell) :func:`open_board`."""
+    if not captured(ctx.environ):
         return open_board(ctx)
     if not ctx.environ.get(ENV_URL):
         facts = _quiet_snapshot(ctx)
@@ -242,25 +242,53 @@ def handle_review(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def handle_defer(args: argparse.Namespace, ctx: Context) -> int:
-    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME."""
+    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME.
+    Inside a cron worker (no card, a fire key) it defers the fire's next try instead."""
     from dispatcher.timefmt import iso
-    from scope.foundation.errors import Invalid
-    from scope.foundation.values import parse_duration
 
-    workspace = open_board(ctx)
+    env = ctx.environ
+    if not (args.id or args.run or env.get("DISPATCH_CARD_ID")) and env.get("DISPATCH_FIRE_KEY"):
+        return _defer_fire(args, ctx)
+    workspace = open_report_board(ctx)
     now = workspace.now()
-    if args.for_ is not None:
-        try:
-            until = now + parse_duration(args.for_)
-        except Invalid as err:
-            raise UsageError(f"--for: {err.problem}") from None
-    else:
-        until = _until_arg(args.until)
+    until = _defer_until(args, now)
     card = workspace.board.defer(
         _card_id(args, ctx), _run_id(args, ctx), until=until, reason=args.reason, now=now
     )
     print_card(ctx, card, f"{card.id} deferred until {iso(until)}")
     return 0
+
+
+def _defer_fire(args: argparse.Namespace, ctx: Context) -> int:
+    from dispatcher.app.reports import defer_fire
+    from dispatcher.cron.report import row_entry
+    from dispatcher.timefmt import iso
+
+    ctx.show_warnings()
+    row, until = defer_fire(
+        _quiet_settings(ctx),
+        ctx.state_dir,
+        ctx.environ,
+        until=lambda now: _defer_until(args, now),
+        reason=args.reason,
+    )
+    if ctx.json:
+        ctx.emit_json(row_entry(row))
+    else:
+        ctx.out(f"{row.fire_key}: next try deferred until {iso(until)}")
+    return 0
+
+
+def _defer_until(args: argparse.Namespace, now: float) -> float:
+    from scope.foundation.errors import Invalid
+    from scope.foundation.values import parse_duration
+
+    if args.for_ is None:
+        return _until_arg(args.until)
+    try:
+        return now + parse_duration(args.for_)
+    except Invalid as err:
+        raise UsageError(f"--for: {err.problem}") from None
 
 
 def _until_arg(text: str) -> float:

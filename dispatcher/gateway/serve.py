@@ -257,7 +257,7 @@ class Gateway:
             runtime.registry,
             runtime.db,
             clock=self._member.db_clock,
-            environ=self.environ,
+            environ=spawn_environ(self.settings, self.environ),
             state_dir=self.state_dir,
             config_path=self.config_path,
             ledger=self._cluster.ledger,
@@ -399,7 +399,7 @@ class Gateway:
                 return count
             count += 1
             try:
-                self._kanban.session_finished(session, self.clock.time())
+                self._kanban.session_finished(session, self._member.db_clock.time())
             except DispatchError as err:
                 log.error("kanban: closing the run of %s failed: %s", session.id, err)
 
@@ -429,7 +429,7 @@ class Gateway:
             return
         try:
             room = self._member.claim_room(self.settings.kanban, self.clock.monotonic())
-            report = self._kanban.tick(self.clock.time(), max_claims=room)
+            report = self._kanban.tick(self._member.db_clock.time(), max_claims=room)
         except StateError as err:
             self._state_trouble(err)
             return
