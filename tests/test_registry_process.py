@@ -1,4 +1,6 @@
-"""ProcessRegistry with real keepers and real workers, placed in_process (no systemd needed)."""
+"""ProcessRegistry with real keepers and real workers, placed in_process (no systemd needed),
+over both start paths (every registry and launcher here starts its keepers one way or the
+other: see tests/support/keepers.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from scope.fake import FakeScoper
 from scope.foundation.clock import FakeClock
 from scope.foundation.errors import NotFoundError, UsageError
 from scope.foundation.ids import AmbiguousId
+from tests.support.keepers import over_both_start_paths  # noqa: F401 - autouse, parametrized
 from tests.support.leaks import LeakGuard
 from tests.support.wait import wait_for
 from tests.test_registry_support import (
@@ -323,7 +326,11 @@ def test_adopt_finalizes_finished_and_marks_vanished_lost(tmp_path: Path) -> Non
         wait_for(lambda: Path(finished.log_path).with_name("exit.json").exists(), 5, what="exit")
         os.kill(vanished.keeper_pid or 0, signal.SIGKILL)
         os.kill(vanished.worker_pid or 0, signal.SIGKILL)
-        registry.tracking.children[vanished.id].wait(timeout=5)  # reaped: the pid is free again
+        child = registry.tracking.child(vanished.id)  # ours, or reaped by the fork server
+        if child is not None:
+            child.wait(timeout=5)  # reaped: the pid is free again
+        keeper = Identity(pid=vanished.keeper_pid or 0, start=vanished.keeper_start or 0)
+        wait_for(lambda: not alive(keeper), 5, what="the keeper gone")
     with open_registry(state) as fresh:
         seen: list[str] = []
         fresh.add_finish_listener(lambda s: seen.append(s.id))

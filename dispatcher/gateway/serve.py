@@ -236,6 +236,7 @@ class Gateway:
             follow=True,
             protect_gateway=True,
             clock=self.clock,
+            fork_server=True,
         )
         try:
             # Cluster mode joins here (a duplicate host id ends the start, nothing written).
@@ -553,7 +554,7 @@ class Gateway:
         by_kind: dict[str, int] = collections.Counter(s.owner.kind for s in running)
         counts = {} if self._member.down() else self._store.status_counts()
         cards = {status.value: n for status, n in counts.items()}
-        return {"workers": dict(by_kind), "cards": cards}
+        return {"workers": dict(by_kind), "cards": cards, "keepers": self._runtime.keeper_stats()}
 
     def _refresh_status(self, *, stopping: bool = False) -> str:
         """Write the status file and return the STATUS= line, from one look at the sessions
@@ -580,6 +581,7 @@ class Gateway:
                     kanban_ticks=self._ticks,
                     recent_errors=list(self.errors.items),
                     host_zone=host_zone_name(self.environ),
+                    keepers=counts["keepers"],
                 ),
             )
         except OSError as err:
