@@ -347,3 +347,32 @@ def test_only_the_keeper_it_runs_is_taken(tmp_path: Path) -> None:
 
 def test_every_crash_point_is_tested() -> None:
     assert set(FAULTS) == {"before_fork", "after_fork", "after_reply", "refuse"}
+
+
+@pytest.mark.parametrize(("cards", "forked"), [(8, True), (2, False)])
+def test_a_tick_that_may_start_many_workers_forks_their_keepers(
+    tmp_path: Path, cards: int, forked: bool
+) -> None:
+    from dispatcher.app.workspace import Workspace
+    from dispatcher.config import parse_config
+
+    # The worker reports its keeper's command line: the fork server's, or the keeper's own.
+    settings = parse_config(
+        "kanban:\n  assignees:\n    w:\n"
+        '      command: [sh, -c, \'tr "\\\\0" " " < /proc/$PPID/cmdline\']\n',
+        "config.yaml",
+    )
+    environ = {"PATH": os.defpath, "XDG_RUNTIME_DIR": str(tmp_path / "no-run")}
+    board = Workspace(settings, tmp_path / "state", environ=environ)
+    try:
+        ids = [board.board.add(f"c{i}", assignee="w", now=board.now())[0].id for i in range(cards)]
+        report = board.tick()
+        assert len(report.dispatched) == cards
+        registry = board.registry()
+        for item in report.dispatched:
+            registry.wait(item.session_id, timeout=15)
+        logs = [registry.read_log(item.session_id) for item in report.dispatched]
+    finally:
+        board.close()
+    assert len(ids) == cards
+    assert all((b"server.py" in log) is forked for log in logs), logs

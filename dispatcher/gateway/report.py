@@ -63,6 +63,7 @@ def status_document(
         serve.update(pid=holder.pid, started_at=holder.started_at, uptime=now - holder.started_at)
         if served is not None:
             serve["updated_at"] = served.updated_at
+            serve["keepers"] = served.keepers
         reload = read_reload(state_dir, holder.pid)
         serve["last_reload"] = reload.to_dict() if reload is not None else None
     placement = dict(served.placement) if served else _placement_here(runtime)
