@@ -14,12 +14,13 @@ descriptor must have in the keeper, 0-2 being its stdio) with the descriptors as
 ``SCM_RIGHTS``. The server checks the peer (``SO_PEERCRED``: our uid and the client's pid, so a
 stranger's connection is closed unanswered), forks, and answers ``{"pid": N, "start": T}`` (the
 child's kernel start time, read before the child can be reaped, so the pair names it) or
-``{"error": "..."}``. The child starts its own session, puts the descriptors in place, closes
-every other one (nothing of the server, the client or another spawn reaches a keeper or its
-worker), restores the signal state a fresh interpreter starts with, and runs the keeper's
-``main`` exactly as a freshly started keeper would; its first act there is to read its scope
-gate, so a child whose answer never reached the client (the server died between fork and
-reply) reads EOF and exits without doing anything.
+``{"error": "..."}``. The child puts back the signal state the server started with (what a
+keeper exec'd by the same client starts with), starts its own session, puts the descriptors in
+place, closes every other one (nothing of the server, the client or another spawn reaches a
+keeper or its worker), and runs the keeper's ``main`` exactly as a freshly started keeper
+would; its first act there is to read its scope gate, so a child whose answer never reached
+the client (the server died between fork and reply) reads EOF and exits without doing
+anything.
 
 The server reaps its children (they stay keepers after it is gone: reparented, never killed)
 and exits when its client does (EOF on its stdin, a pipe only the client holds) or on SIGTERM.
@@ -97,6 +98,7 @@ class Server:
         self.client = client
         self.uid = posix.geteuid()
         self.fault = posix.environ.get(FAULT_ENV.encode(), b"").decode()
+        self.sigchld: Any = _signal.SIG_DFL
         self.devnull = posix.open("/dev/null", posix.O_RDWR)
         self.wake_r, self.wake_w = posix.pipe()
         posix.set_blocking(self.wake_r, False)
@@ -117,7 +119,9 @@ class Server:
     def serve(self) -> int:
         """Answer requests until the client goes away."""
         _signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
-        _signal.signal(_signal.SIGCHLD, _noop)
+        # What this interpreter started with (its client's, through the exec), restored in
+        # each child: the only disposition and the only fd the server changes for itself.
+        self.sigchld = _signal.signal(_signal.SIGCHLD, _noop)
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
@@ -207,16 +211,21 @@ class Server:
         try:
             pid = posix.fork()
             if pid == 0:
-                self.child(request, fds)  # never returns
+                self.child(request, fds, blocked)  # never returns
         finally:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, blocked)
         return pid
 
-    def child(self, request: dict[str, Any], fds: list[int]) -> None:
+    def child(self, request: dict[str, Any], fds: list[int], mask: Any) -> None:
         """In the forked child: become a keeper exactly as a fresh one starts."""
         code = 1
         try:
-            _fresh_signals()
+            # The signal state this interpreter started with, i.e. what a keeper exec'd by
+            # the same client would start with: SIGCHLD as it was, no wakeup fd, the mask the
+            # server runs with (it blocks signals only across the fork).
+            _signal.set_wakeup_fd(-1)
+            _signal.signal(_signal.SIGCHLD, self.sigchld)
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
             posix.setsid()
             _place_fds(fds, [int(n) for n in request["fds"]], self.devnull)
             posix.chdir(str(request["cwd"]))
@@ -293,22 +302,6 @@ def _receive(conn: _socket.socket, loads: Any) -> tuple[dict[str, Any], list[int
 
 def _catchable() -> set[int]:
     return set(_signal.valid_signals()) - {_signal.SIGKILL, _signal.SIGSTOP}
-
-
-def _fresh_signals() -> None:
-    """The signal state of a freshly started interpreter: every disposition at its default
-    but SIGINT (Python's handler) and SIGPIPE/SIGXFSZ (ignored by Python at start), no wakeup
-    fd, nothing blocked. The keeper then sets its own, as it does after an exec."""
-    _signal.set_wakeup_fd(-1)
-    for sig in _catchable():
-        try:
-            _signal.signal(sig, _signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass  # reserved by the C library
-    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
-        _signal.signal(sig, _signal.SIG_IGN)
-    _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
 
 
 def _place_fds(fds: list[int], targets: list[int], devnull: int) -> None:
