@@ -118,10 +118,13 @@ def test_the_server_ends_with_its_client_and_its_keepers_do_not(tmp_path: Path) 
         keeper = read_stat(keeper_pid)
         assert keeper is not None
         server_pid = keeper.ppid
+        directory = Path(f"/proc/{server_pid}/cmdline").read_bytes().split(b"\0")[-3].decode()
+        assert (Path(directory) / "sock").exists()
         launcher.kill()  # SIGKILL: nothing of the launcher runs any more
         launcher.wait(timeout=10)
         wait_for(lambda: gone(server_pid), 5, what="the fork server gone")
         assert not gone(keeper_pid)
+        assert not Path(directory).exists()  # it cleaned up after itself
         with open_registry(state) as fresh:
             (adopted,) = fresh.adopt()
             assert adopted.id == info["id"] and adopted.state is SessionState.RUNNING
@@ -376,3 +379,15 @@ def test_a_tick_that_may_start_many_workers_forks_their_keepers(
         board.close()
     assert len(ids) == cards
     assert all((b"server.py" in log) is forked for log in logs), logs
+
+
+def test_the_status_line_names_every_fallback_reason() -> None:
+    from dispatcher.cli.status_cmd import _keepers_text
+
+    running = {"pid": 42, "running": True, "forked": 812, "fallbacks": {}, "restarts": 0}
+    assert _keepers_text(running) == "fork server pid 42, 812 forked"
+    fell = {**running, "running": False, "fallbacks": {"timeout": 1, "dead": 2}, "restarts": 1}
+    assert _keepers_text(fell) == (
+        "fork server not running, 812 forked; started the usual way: 3 (dead 2, timeout 1); "
+        "restarted 1x"
+    )

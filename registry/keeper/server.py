@@ -94,6 +94,7 @@ class Server:
         self.keeper = keeper
         self.loads = keeper["loads"]
         self.dumps = keeper["dumps"]
+        self.directory = directory
         self.path = f"{directory}/sock"
         self.client = client
         self.uid = posix.geteuid()
@@ -246,11 +247,13 @@ class Server:
         posix._exit(code if isinstance(code, int) else 1)
 
     def close(self) -> None:
-        """Remove the socket (its directory is the client's)."""
-        try:
-            posix.unlink(self.path)
-        except OSError:
-            pass
+        """Remove the socket and its directory (empty then), so a client that died without
+        closing leaves nothing behind."""
+        for remove, path in ((posix.unlink, self.path), (posix.rmdir, self.directory)):
+            try:
+                remove(path)
+            except OSError:
+                pass
 
 
 def _peer(conn: _socket.socket) -> tuple[int, int, int]:
