@@ -162,6 +162,17 @@ def test_worker_holds_only_its_stdio(keepers: KeeperRunner, sdir: Path) -> None:
     assert (sdir / "output.log").read_text().split() == ["0", "1", "2"]
 
 
+def test_output_times_note_when_output_arrived(keepers: KeeperRunner, sdir: Path) -> None:
+    keepers.run(spec_for(sdir, ["sh", "-c", "echo one; sleep 0.2; echo two"]))
+    lines = (sdir / "output.times").read_text().splitlines()
+    notes = {int(offset): float(at) for offset, at in (line.split() for line in lines)}
+    assert sorted(notes) == [0, 4]  # each line's first byte, where it arrived in the log
+    record = exit_record(sdir)
+    # Notes are written to the millisecond.
+    assert record["started_at"] - 0.001 <= notes[0] < notes[0] + 0.15 <= notes[4]
+    assert notes[4] <= record["finished_at"] + 0.001
+
+
 def test_pty_mode_has_a_terminal_and_a_size(keepers: KeeperRunner, sdir: Path) -> None:
     done = keepers.run(spec_for(sdir, ["sh", "-c", "tty; stty size; exit 4"], pty=True))
     assert done.ok, done.stderr

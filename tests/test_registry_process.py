@@ -78,6 +78,12 @@ def test_ten_megabytes_byte_exact(registry: ProcessRegistry, tmp_path: Path) -> 
     assert done.total_bytes == payload.stat().st_size == 10 * 1024 * 1024
 
 
+def test_a_worker_holds_only_its_stdio(registry: ProcessRegistry) -> None:
+    # Nothing of the registry, its fork server or the keeper reaches the worker.
+    session = registry.spawn(request(["sh", "-c", "ls /proc/$$/fd"]))
+    assert registry.wait(session.id, timeout=10).snapshot.output.split() == ["0", "1", "2"]
+
+
 def test_invalid_utf8_and_nul_are_kept_raw_and_replaced_in_text(registry: ProcessRegistry) -> None:
     session = registry.spawn(request(["sh", "-c", "printf 'a\\000b\\377\\376c\\342\\234'"]))
     snap = registry.wait(session.id, timeout=10).snapshot
