@@ -28,6 +28,7 @@ from registry.keeper.server import BACKLOG, FAULTS
 from registry.process import ProcessRegistry
 from scope.abc import LaunchSpec, StarterDeclined
 from scope.foundation.procstat import read_stat
+from tests.support.keepers import PATIENCE
 from tests.support.wait import wait_for
 from tests.test_registry_support import SLEEPER, open_registry, request, start_launcher, stop_all
 
@@ -40,6 +41,7 @@ def served(
     state = tmp_path / "state"
     environ = {FAULT_ENV: fault} if fault else {}
     options.setdefault("restart_after", math.inf)
+    options.setdefault("reply_timeout", PATIENCE)
     server = ForkServer(cache_dir=state / "cache", environ=environ, **options)
     try:
         assert server.open()
@@ -173,11 +175,11 @@ def test_a_refusing_server_is_counted_and_the_spawn_starts_the_usual_way(tmp_pat
     assert runs(marks) == 1
 
 
-def test_a_request_answered_too_late_never_runs(tmp_path: Path) -> None:
+def test_a_server_that_does_not_answer_is_ended_and_the_spawn_runs_once(tmp_path: Path) -> None:
     # The server is stopped with the request in its queue: the spawn gives up, closes the
-    # gate and starts the worker itself; the server, let go, forks a child that reads EOF.
+    # gate, ends the server and starts the worker itself; nothing the server held ever runs.
     argv, marks = counting(tmp_path)
-    with served(tmp_path, reply_timeout=0.3) as (server, registry):
+    with served(tmp_path, reply_timeout=0.3, restart_after=0.0) as (server, registry):
         pid = server.pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
@@ -185,13 +187,16 @@ def test_a_request_answered_too_late_never_runs(tmp_path: Path) -> None:
             session = registry.spawn(request(argv))
             done = registry.wait(session.id, timeout=15).snapshot.session
             assert done.exit_code == 0 and server.stats().fallbacks == {"timeout": 1}
+            wait_for(lambda: gone(pid), 5, what="the hung server ended")
         finally:
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         directory = str(Path(done.log_path).parent)
-        wait_for(lambda: nobody_in(directory), 5, what="the late child gone")
-        again = registry.spawn(request(argv))
+        wait_for(lambda: nobody_in(directory), 5, what="nothing left in the session dir")
+        again = registry.spawn(request(argv))  # a new server takes it
         assert registry.wait(again.id, timeout=15).snapshot.session.exit_code == 0
-        assert server.stats().forked == 1  # the server itself is fine
+        stats = server.stats()
+        assert stats.forked == 1 and stats.restarts == 1 and server.pid not in (None, pid)
     assert runs(marks) == 2
 
 

@@ -175,7 +175,7 @@ LAUNCHER = textwrap.dedent(
     starter = None
     if spec.get("fork_server"):
         from registry.keeper.forkserver import ForkServer
-        starter = ForkServer(cache_dir=Path(spec["state_dir"]) / "cache")
+        starter = ForkServer(cache_dir=Path(spec["state_dir"]) / "cache", reply_timeout=30.0)
         assert starter.open()
     if spec.get("env"):
         from scope import open_scoper

@@ -11,7 +11,8 @@ the answer is the child's pid and kernel start time.
 Anything short of that answer declines (:class:`~scope.abc.StarterDeclined`, counted by
 reason): no server (``missing``), it died or closed the connection (``dead``), its queue is
 full (``busy``), it did not answer in time (``timeout``), the socket or its peer is not ours or
-it answered with an error (``refused``), or the spawn is not one it can do (``other``). The
+it answered with an error (``refused``), or the spawn is not one it can do (``other``); a server
+that did not answer in time is ended (and started again later), so a hung one costs one wait. The
 scope layer then closes the gate that request carried, so a keeper the server may have forked
 meanwhile reads EOF and exits without touching anything, and starts the keeper the usual way
 behind a new gate: a spawn is never lost and never run twice.
@@ -287,6 +288,7 @@ class ForkServer(Starter):
                 )
                 reply = sock.recv(4096)
             except TimeoutError:
+                self._hung(server)
                 self._decline("timeout", f"no answer in {self.reply_timeout:g} s")
             except OSError as err:
                 self._decline("dead", err.strerror or str(err))
@@ -295,6 +297,19 @@ class ForkServer(Starter):
             return reply
         finally:
             sock.close()
+
+    def _hung(self, server: subprocess.Popen[bytes]) -> None:
+        """A server that does not answer in time is ended, so that the next spawns do not wait
+        for it too; it is started again after ``restart_after``. Its keepers are untouched;
+        requests it still held get EOF, and their clients fall back as this one does."""
+        _log.warning(
+            "the keeper fork server %d did not answer in %g s; ending it (keepers start the "
+            "usual way until it is started again)",
+            server.pid,
+            self.reply_timeout,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            server.kill()  # our child, not yet reaped: the pid is still this process
 
     def _decline(self, reason: str, detail: str = "") -> NoReturn:
         """Count the fallback and tell the scope layer (called with or without ``_lock``)."""

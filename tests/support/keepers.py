@@ -44,6 +44,9 @@ __all__ = [
 ]
 
 START_PATHS = ("direct", "fork_server")
+PATIENCE = 30.0
+"""Seconds a test's fork server may take to answer: a machine under load must not turn a slow
+answer into a fallback, which the fork-server path counts as a failure."""
 
 _current = ["direct"]
 
@@ -71,7 +74,9 @@ def keeper_starter(state_dir: Path, path: str | None = None) -> Iterator[ForkSer
     if (path or current()) == "direct":
         yield None
         return
-    server = ForkServer(cache_dir=Path(state_dir) / "cache", restart_after=math.inf)
+    server = ForkServer(
+        cache_dir=Path(state_dir) / "cache", restart_after=math.inf, reply_timeout=PATIENCE
+    )
     assert server.open(), "the fork server did not start"
     try:
         yield server
@@ -149,7 +154,9 @@ class KeeperRunner:
 
     def __enter__(self) -> KeeperRunner:
         if self.path == "fork_server":
-            self.server = ForkServer(cache_dir=self.work / "cache", restart_after=math.inf)
+            self.server = ForkServer(
+                cache_dir=self.work / "cache", restart_after=math.inf, reply_timeout=PATIENCE
+            )
             assert self.server.open(), "the fork server did not start"
             self.command = list(self.server.keeper_argv)
         return self
