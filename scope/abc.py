@@ -205,6 +205,11 @@ class Launched:
     start_time: int | None = None
     """Kernel start time of ``pid`` when the launch knows it (always when ``process`` is
     None)."""
+    resources: ScopeProperties | None = None
+    """The class the scope was given (the worker's over ``scope.resources``); None when the
+    process has no scope of its own."""
+    ineffective: tuple[str, ...] = ()
+    """Keys of that class this host does not enforce (started anyway: ``best_effort``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

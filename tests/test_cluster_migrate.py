@@ -13,7 +13,7 @@ from dispatcher.cluster.database import ClusterDB, ClusterError
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cluster.migrate import migrate
 from dispatcher.cron.ledger import Ledger
-from dispatcher.cron.records import Kind, Status
+from dispatcher.cron.records import Kind, Status, Try, dump_tries
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,
@@ -25,6 +25,7 @@ from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outbox import Outbox, Route, Subject
 from dispatcher.launch.outcome import Outcome, Result
 from dispatcher.notify.store import NotifyStore
+from dispatcher.tokens.store import TokenStore
 
 pytestmark = pytest.mark.postgres
 NOW = 1_800_000_000.0
@@ -64,8 +65,17 @@ def _fill(state_dir: Path) -> tuple[str, str]:
                 decided_at=NOW,
                 status=Status.DONE,
                 outcome="completed",
+                attempt=2,
+                attempts=3,
+                tries=dump_tries(
+                    (
+                        Try(attempt=1, outcome=Outcome.FAILED, exit_code=1),
+                        Try(attempt=2, outcome=Outcome.COMPLETED, exit_code=0),
+                    )
+                ),
+                retry_reason="no retry needed",
             )
-        ledger.set_paused("j", True, NOW)
+        ledger.set_paused("j", True, NOW, "every attempt failed")
         return parent.id, child.id
 
 
@@ -76,8 +86,11 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
         queued = Outbox([Route(events=frozenset({"card.done"}), channels=("hook",))])
         with db.write() as conn:  # an undelivered notification moves with the board
             queued.record(conn, "card.done", {"card": {"id": child_id}}, Subject(), 1.0)
+        _token, text = TokenStore(db.read, db.write).create("ci", "read", now=NOW)
         result = migrate(db, cluster)
         after = PgBoardStore(cluster)
+        # An API token made on the single host is accepted by every host of the cluster.
+        assert TokenStore(cluster.read, cluster.write).authenticate(text, now=NOW).name == "ci"
         assert NotifyStore(cluster.read, cluster.write).list() == (
             NotifyStore(db.read, db.write).list()
         )
@@ -89,6 +102,7 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
             "cron_fires": 1,
             "cron_jobs": 1,
             "notify_outbox": 1,
+            "web_tokens": 1,
         }
         assert result.paused and after.paused()
         for card_id in (parent_id, child_id):
@@ -97,8 +111,10 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
             assert after.runs_of(card_id) == before.runs_of(card_id)
         assert after.board_version() == before.board_version()
         ledger = PgLedger(cluster)
-        assert ledger.job_states()["j"].paused is True
-        assert [r.fire_key for r in ledger.history()] == ["j@1"]
+        assert ledger.job_states() == Ledger(db).job_states()  # the pause reason included
+        assert ledger.job_states()["j"].paused_reason == "every attempt failed"
+        assert ledger.history() == Ledger(db).history()  # a fire's tries and attempts included
+        assert [len(r.tries) for r in ledger.history()] == [2]
         # New events continue after the copied sequence.
         after.edit_card(
             child_id,

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from dispatcher.app.documents import board_document, card_document, listed_card_json
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
 from dispatcher.cli.options import positive_int, watch_options, watched
@@ -25,19 +26,19 @@ from dispatcher.cli.parser import (
     int_arg,
     path_arg,
 )
-from dispatcher.kanban.model import MOVE_TARGETS, Card, CardEdit, CardStatus
+from dispatcher.kanban.board import FAILURE_LIMIT_RANGE, PRIORITY_RANGE
+from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     SORT_KEYS,
     board_text,
     card_json,
     card_table,
-    show_json,
     show_text,
     sorted_cards,
     tick_json,
     tick_text,
-    unconfigured,
 )
+from dispatcher.launch.resources import resources_text, sessions_of
 from dispatcher.settings import Settings
 from dispatcher.timefmt import iso
 from scope.abc import CallerKind
@@ -46,8 +47,8 @@ from scope.foundation.text import quote
 from scope.foundation.values import ISO_HINT, parse_duration, parse_iso_time
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-PRIORITY = int_arg(-(10**9), 10**9)
-FAILURE_LIMIT = int_arg(1, 10**6)
+PRIORITY = int_arg(*PRIORITY_RANGE)
+FAILURE_LIMIT = int_arg(*FAILURE_LIMIT_RANGE)
 CARD_HELP = "card id or a unique prefix (at least 4 characters)"
 
 
@@ -151,7 +152,11 @@ def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
     review = sub("review", "Worker: hand the card to review.", handle_review)
     _worker_options(review)
 
-    defer = sub("defer", "Worker: try the card again later (not counted).", handle_defer)
+    defer = sub(
+        "defer",
+        "Worker: try the card (in a cron worker: the fire) again later (not counted).",
+        handle_defer,
+    )
     _worker_options(defer)
     when = defer.add_argument_group("when").add_mutually_exclusive_group(required=True)
     when.add_argument("--for", dest="for_", metavar="DURATION", help="from now (5m, 1h30m)")
@@ -324,7 +329,7 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
     cards = sorted_cards(cards, args.sort, args.limit)
     assignees = _assignees(ctx)
     if ctx.json:
-        ctx.emit_json([_listed_json(c, assignees) for c in cards])
+        ctx.emit_json([listed_card_json(c, assignees) for c in cards])
     else:
         for line in card_table(cards, times=ctx.times(), assignees=assignees):
             ctx.out(line)
@@ -338,31 +343,24 @@ def _assignees(ctx: Context) -> frozenset[str] | None:
     return frozenset(ctx.settings.kanban.assignees)
 
 
-def _listed_json(card: Card, assignees: frozenset[str] | None) -> dict[str, object]:
-    """A card in a listing, with ``assignee_configured`` (true, false, or null when the
-    config is not loaded; done and archived cards need no assignee: true)."""
-    known = None if assignees is None else not unconfigured(card, assignees)
-    return {**card_json(card), "assignee_configured": known}
-
-
 def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     """One card with runs and events."""
     workspace = _workspace(ctx)
     card_id = workspace.store.resolve_card(args.id).id
     _refresh(ctx, workspace)
+    if ctx.json:
+        ctx.emit_json(card_document(workspace, card_id))
+        return 0
     card = workspace.store.get_card(card_id)
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
     hosts = workspace.run_hosts(card_id)
-    if ctx.json:
-        doc = show_json(card, runs, events)
-        for run in doc["runs"]:
-            run["host"] = hosts.get(run["run_id"])
-        ctx.emit_json(doc)
-    else:
-        shown = hosts if workspace.cluster.clustered else None
-        for line in show_text(card, runs, events, times=ctx.times(), hosts=shown):
-            ctx.out(line)
+    # Each run's class, peak memory and CPU time come with its session (this host's).
+    sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
+    used = {run.run_id: resources_text(sessions.get(run.session_id or "")) for run in runs}
+    shown = hosts if workspace.cluster.clustered else None
+    for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, used=used):
+        ctx.out(line)
     return 0
 
 
@@ -430,13 +428,7 @@ def _board_once(ctx: Context) -> int:
     paused = workspace.store.paused()
     assignees = _assignees(ctx)
     if ctx.json:
-        doc: dict[str, object] = {"paused": paused}
-        for status in CardStatus:
-            if status is not CardStatus.ARCHIVED:
-                doc[status.value] = [
-                    _listed_json(c, assignees) for c in cards if c.status is status
-                ]
-        ctx.emit_json(doc)
+        ctx.emit_json(board_document(cards, paused=paused, assignees=assignees))
     else:
         for line in board_text(cards, paused=paused, times=ctx.times(), assignees=assignees):
             ctx.out(line)
@@ -472,15 +464,35 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     if args.max is not None and args.max < 0:
         raise UsageError(f"--max {args.max}: must not be negative")
     workspace = _workspace(ctx)
-    report = workspace.tick(max_claims=args.max, dry_run=args.dry_run)
+    held = None if args.dry_run else _admission(ctx)
+    report = workspace.tick(max_claims=0 if held else args.max, dry_run=args.dry_run)
     for warning in report.warnings:
         ctx.warn(f"warning: {warning}")
     if ctx.json:
-        ctx.emit_json(tick_json(report))
+        ctx.emit_json({**tick_json(report), "held": held})
     else:
         for line in tick_text(report):
             ctx.out(line)
+        if held:
+            ctx.out(f"held: {held}: nothing claimed (admission); running workers continue")
     return 0
+
+
+def _admission(ctx: Context) -> str | None:
+    """This host's admission for a oneshot tick (continuing from the last verdict in the
+    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None."""
+    from dispatcher.gateway.admission import HostAdmission
+    from scope.foundation.clock import SystemClock
+
+    admission = HostAdmission(
+        lambda: ctx.settings.admission,
+        ctx.state_dir,
+        ctx.environ,
+        SystemClock(),
+        writer="kanban tick",
+    )
+    verdict = admission.check()
+    return (verdict.reason or "admission") if verdict.held else None
 
 
 # -- worker commands --------------------------------------------------------------------------
@@ -511,21 +523,46 @@ def handle_block(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def handle_defer(args: argparse.Namespace, ctx: Context) -> int:
-    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME."""
-    workspace = _workspace(ctx)
+    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME.
+    Inside a cron worker (no card, a fire key) it defers the fire's next try instead."""
+    env = ctx.environ
+    if not (args.id or args.run or env.get("DISPATCH_CARD_ID")) and env.get("DISPATCH_FIRE_KEY"):
+        return _defer_fire(args, ctx)
+    workspace = _report_workspace(ctx)
     now = workspace.now()
-    if args.for_ is not None:
-        try:
-            until = now + parse_duration(args.for_)
-        except Invalid as err:
-            raise UsageError(f"--for: {err.problem}") from None
-    else:
-        until = _until_arg(args.until)
+    until = _defer_until(args, now)
     card = workspace.board.defer(
         _card_id(args, ctx), _run_id(args, ctx), until=until, reason=args.reason, now=now
     )
     _print_card(ctx, card.id, card_json(card), f"{card.id} deferred until {iso(until)}")
     return 0
+
+
+def _defer_fire(args: argparse.Namespace, ctx: Context) -> int:
+    from dispatcher.app.reports import defer_fire
+    from dispatcher.cron.report import row_entry
+
+    row, until = defer_fire(
+        _quiet_settings(ctx),
+        ctx.state_dir,
+        ctx.environ,
+        until=lambda now: _defer_until(args, now),
+        reason=args.reason,
+    )
+    if ctx.json:
+        ctx.emit_json(row_entry(row))
+    else:
+        ctx.out(f"{row.fire_key}: next try deferred until {iso(until)}")
+    return 0
+
+
+def _defer_until(args: argparse.Namespace, now: float) -> float:
+    if args.for_ is None:
+        return _until_arg(args.until)
+    try:
+        return now + parse_duration(args.for_)
+    except Invalid as err:
+        raise UsageError(f"--for: {err.problem}") from None
 
 
 def _until_arg(text: str) -> float:

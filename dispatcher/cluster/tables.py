@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dispatcher.cron.tables import DECIDED_INDEX
+
 BOARD = """
 CREATE TABLE kanban_cards (
     id text PRIMARY KEY,
@@ -179,12 +181,61 @@ CREATE INDEX cron_fires_ended ON cron_fires (ended_at);
 """
 """Runs and fires by end time: the web's charts read one time range of each."""
 
+RUN_HISTORY = """
+ALTER TABLE kanban_runs ADD COLUMN ready_at double precision;
+DROP INDEX kanban_runs_ended;
+CREATE INDEX kanban_runs_closed ON kanban_runs
+    (ended_at, outcome, claimed_at, started_at, ready_at, card_id) WHERE ended_at IS NOT NULL;
+"""
+"""As the SQLite board's version 5 (dispatcher/kanban/tables.py): runs' ready time, and the
+closed runs by end time with every column the charts read."""
+
+TOKENS = """
+CREATE TABLE web_tokens (
+    id text PRIMARY KEY,
+    name text NOT NULL,
+    scope text NOT NULL,
+    digest text NOT NULL UNIQUE,
+    created_at double precision NOT NULL,
+    expires_at double precision,
+    last_used_at double precision,
+    revoked_at double precision
+);
+"""
+"""The HTTP API's tokens (the SQLite ``tokens`` component's table), so every host's web
+accepts them."""
+
+RETRIES = """
+ALTER TABLE cron_fires ADD COLUMN attempt integer NOT NULL DEFAULT 1;
+ALTER TABLE cron_fires ADD COLUMN attempts integer;
+ALTER TABLE cron_fires ADD COLUMN retry_at double precision;
+ALTER TABLE cron_fires ADD COLUMN retry_kind text;
+ALTER TABLE cron_fires ADD COLUMN retry_reason text;
+ALTER TABLE cron_fires ADD COLUMN tries text NOT NULL DEFAULT '[]';
+CREATE INDEX cron_fires_retry ON cron_fires (retry_at) WHERE status = 'retry';
+ALTER TABLE cron_jobs ADD COLUMN paused_reason text;
+"""
+"""A fire's tries and retries, why dispatch paused a job (the SQLite cron component's v3)."""
+
+READY_INDEXES = """
+CREATE INDEX kanban_cards_ready ON kanban_cards (priority DESC, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NULL;
+CREATE INDEX kanban_cards_retry ON kanban_cards (retry_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NOT NULL;
+"""
+"""Ready cards with and without a back-off (the SQLite kanban component's v4)."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
     (3, "the claimant's boot id", "ALTER TABLE kanban_runs ADD COLUMN claimer_boot text;"),
     (4, "the notification outbox", OUTBOX),
     (5, "runs and fires by end time", HISTORY_INDEXES),
+    (6, "the HTTP API's tokens", TOKENS),
+    (7, "a fire's tries and retries; pause reason", RETRIES),
+    (8, "ready cards with and without a back-off", READY_INDEXES),
+    (9, "settled fires that never ran, by decision time", DECIDED_INDEX),
+    (10, "runs' ready time; closed runs by end time", RUN_HISTORY),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

@@ -1,11 +1,14 @@
 """The cron scheduler: every decision in :meth:`CronScheduler.tick`; something else wakes it.
 
-``tick(now)`` is one deterministic step with an injected clock: settle finished fires, promote a
-queued fire whose job went idle, decide every occurrence due since the job's watermark (catch-up
-and overlap policies, one write transaction, rows claimed *before* anything is spawned), stop
-replaced workers, then start claimed fires whose jitter delay has passed, within
+``tick(now)`` is one deterministic step with an injected clock: settle finished tries (a failed
+one may give its fire another try: the row waits as ``retry``), promote a queued fire whose job
+went idle and a retry whose time has come, decide every occurrence due since the job's
+watermark (catch-up and overlap policies, one write transaction, rows claimed *before* anything
+is spawned; a fire waiting for its next try meets the overlap policy as a running one would),
+stop replaced workers, then start claimed fires whose jitter delay has passed, within
 ``cron.max_concurrent``. ``step(now)`` is the same pass answering only when it next needs to run
-(a fire, a jitter delay ending, or at most ``wake_interval`` away). Tests drive both directly.
+(a fire, a jitter delay ending, a retry due, or at most ``wake_interval`` away). Tests drive
+both directly.
 
 This module never sleeps and never starts a thread. :mod:`dispatcher.cron.waker` arms
 APScheduler to call :meth:`CronScheduler.step` at that instant, hands the scheduler a spawn pool
@@ -35,10 +38,11 @@ from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.decisions import Decider
 from dispatcher.cron.errors import CronError
-from dispatcher.cron.firing import FireRunner
+from dispatcher.cron.firing import FireRunner, Settled
+from dispatcher.cron.hold import Hold, split_held, start_deadline
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
-from dispatcher.cron.records import ACTIVE, FireRecord, Kind, Status
+from dispatcher.cron.records import BUSY, FireRecord, Kind, Status
 from dispatcher.cron.settings import CronJob, CronSettings
 from dispatcher.cron.timeline import fire_key, format_wall, local_wall
 from dispatcher.cron.zones import ZoneResolver, resolver_for
@@ -82,6 +86,8 @@ class TickReport:
     """Rows whose worker this tick started (or, under a waker's spawn pool, handed to it)."""
     settled: tuple[FireRecord, ...] = ()
     """Rows this tick moved to a final outcome from a finished session or a recovery."""
+    retrying: tuple[FireRecord, ...] = ()
+    """Rows whose try ended this tick and that wait for their next try (status ``retry``)."""
     replaced: tuple[str, ...] = ()
     """Session ids this tick stopped because a newer fire replaced them."""
     committed: float | None = None
@@ -127,7 +133,10 @@ class CronScheduler:
             claimant=self.claimant,
             clock=self.clock,
             config_path=config_path,
+            settings=settings,
+            rng=self.rng.random,
         )
+        self.runner.on_retry = self._want_wake
         self._lock = threading.RLock()
         self._finished: queue.SimpleQueue[Session] = queue.SimpleQueue()
         self._next_at: dict[str, float] = {}
@@ -138,6 +147,9 @@ class CronScheduler:
         self._spawner: Executor | None = None
         self._wake_request: Callable[[float], None] | None = None
         self._plans: dict[str, JobPlan] = {}
+        self._hold: Hold | None = None
+        self._decide_held = True
+        self._held_reason: str | None = None
         self._apply_settings(settings)
         registry.add_finish_listener(self._on_finish)
 
@@ -145,6 +157,7 @@ class CronScheduler:
 
     def _apply_settings(self, settings: CronSettings) -> None:
         self.settings = settings
+        self.runner.settings = settings
         self._host_zone = self.zone_resolver()
         old = self._plans
         self._plans = {job.id: plan_job(job, self._host_zone) for job in settings.jobs}
@@ -187,6 +200,14 @@ class CronScheduler:
         with self._lock:
             self._spawner = executor
 
+    def set_hold(self, hold: Hold | None, *, decide: bool = True) -> None:
+        """Ask ``hold`` before starting scheduled fires (:mod:`dispatcher.cron.hold`): while it
+        gives a reason they wait, ``queued``, until their start deadline, then are recorded
+        ``missed`` with that reason. ``decide=False`` (cluster mode): while held, decide no
+        new fires either, so another host claims them."""
+        with self._lock:
+            self._hold, self._decide_held = hold, decide
+
     def _want_wake(self, at: float) -> None:
         callback = self._wake_request
         if callback is not None:
@@ -200,13 +221,16 @@ class CronScheduler:
             now = self.clock.time() if now is None else now
             self._follow_host_zone()
             self._last_now = now
-            settled = self._drain_finished()
-            settled.extend(self._reconcile(now))
+            ended = self._drain_finished()
+            ended.extend(self._reconcile(now))
             self._promote_queued(now)
+            retries = self._promote_retries(now)
+            held = self._hold(now) if self._hold is not None else None
             due = [
                 plan
                 for job_id, plan in self._plans.items()
                 if self._next_at.get(job_id, -math.inf) <= now
+                and (held is None or self._decide_held)
             ]
             with self.ledger.transaction() as tx:
                 batch = self._decider.decide(tx, due, now)
@@ -215,16 +239,18 @@ class CronScheduler:
                 after = max(now, batch.watermarks.get(plan.job.id, now))
                 self._next_at[plan.job.id] = next(iter(plan.schedule.occurrences(after))).at
             replaced = self._stop_replaced(batch.kill)
-            settled.extend(self._drain_finished())
-            started, pending = self._start_due(now)
+            ended.extend(self._drain_finished())
+            started, pending = self._start_due(now, held)
+            waits = [now + self.wake_interval, *pending, *retries, *self._next_at.values()]
             return TickReport(
                 now=now,
                 decided=tuple(self.ledger.get_many(batch.inserted)),
                 started=tuple(started),
-                settled=tuple(settled),
+                settled=tuple(e.record for e in ended if not e.retrying),
+                retrying=tuple(e.record for e in ended if e.retrying),
                 replaced=tuple(replaced),
                 committed=committed,
-                next_wake=min([now + self.wake_interval, *pending, *self._next_at.values()]),
+                next_wake=min(waits),
             )
 
     def step(self, now: float) -> float:
@@ -244,7 +270,7 @@ class CronScheduler:
     def _jobs(self) -> dict[str, CronJob]:
         return {job_id: plan.job for job_id, plan in self._plans.items()}
 
-    def _reconcile(self, now: float) -> list[FireRecord]:
+    def _reconcile(self, now: float) -> list[Settled]:
         if self._last_reconcile is not None and now - self._last_reconcile < self.wake_interval:
             return []
         self._last_reconcile = now
@@ -256,7 +282,7 @@ class CronScheduler:
             removed = self.ledger.prune(now - self.settings.history_ttl)
             if removed:
                 log.info("cron: pruned %d ledger rows older than cron.history_ttl", removed)
-        return [s.record for s in settled]
+        return settled
 
     def _follow_host_zone(self) -> None:
         current = self.zone_resolver()
@@ -264,8 +290,8 @@ class CronScheduler:
             log.info("cron: host time zone changed from %s to %s", self._host_zone, current)
             self._apply_settings(self.settings)
 
-    def _drain_finished(self) -> list[FireRecord]:
-        settled: list[FireRecord] = []
+    def _drain_finished(self) -> list[Settled]:
+        settled: list[Settled] = []
         while True:
             try:
                 session = self._finished.get_nowait()
@@ -274,7 +300,7 @@ class CronScheduler:
             plan = self._plans.get(session.labels.get("cron_job", ""))
             result = self.runner.settle(session, job=plan.job if plan else None)
             if result is not None:
-                settled.append(result.record)
+                settled.append(result)
 
     def _promote_queued(self, now: float) -> None:
         queued = self.ledger.open_rows((Status.QUEUED,))
@@ -282,7 +308,7 @@ class CronScheduler:
             return
         with self.ledger.transaction() as tx:
             for row in queued:
-                if any(r.status in ACTIVE for r in tx.open_rows(row.job_id)):
+                if any(r.status in BUSY for r in tx.open_rows(row.job_id)):
                     continue
                 tx.update(
                     row.id,
@@ -291,6 +317,30 @@ class CronScheduler:
                         status=Status.CLAIMED, claimant=self.claimant, due_at=now + row.jitter
                     ),
                 )
+
+    def _promote_retries(self, now: float) -> list[float]:
+        """Claim every fire whose next try is due (compare-and-set: one scheduler takes it; a
+        paused job's retry waits for its resume); the times of the retries still ahead."""
+        waiting = self.ledger.open_rows((Status.RETRY,))
+        if not waiting:
+            return []
+        states = self.ledger.job_states()
+        ahead: list[float] = []
+        due: list[FireRecord] = []
+        for row in waiting:
+            plan = self._plans.get(row.job_id)
+            if plan is not None and not job_active(plan.job, states.get(row.job_id)):
+                continue
+            at = row.retry_at if row.retry_at is not None else now
+            if at <= now:
+                due.append(row)
+            else:
+                ahead.append(at)
+        if due:
+            with self.ledger.transaction() as tx:
+                for row in due:
+                    tx.update(row.id, (Status.RETRY,), _take_retry(row, self.claimant, now))
+        return ahead
 
     def _stop_replaced(self, kills: list[tuple[str, str]]) -> list[str]:
         for session_id, reason in kills:
@@ -307,7 +357,9 @@ class CronScheduler:
         except (DispatchError, OSError) as err:
             log.warning("cron: could not stop replaced session %s: %s", session_id, err)
 
-    def _start_due(self, now: float) -> tuple[list[FireRecord], list[float]]:
+    def _start_due(
+        self, now: float, held: str | None = None
+    ) -> tuple[list[FireRecord], list[float]]:
         mine = self.ledger.open_rows((Status.CLAIMED,))
         claimed = sorted(
             (r for r in mine if r.claimant == self.claimant),
@@ -315,6 +367,8 @@ class CronScheduler:
         )
         pending = [r.due_at for r in claimed if r.due_at is not None and r.due_at > now]
         ready = [r for r in claimed if r.due_at is None or r.due_at <= now]
+        if held is not None or self._held_reason is not None:
+            ready = self._hold_back(ready, now, held, pending)
         started: list[FireRecord] = []
         if not ready:
             return started, pending
@@ -340,6 +394,32 @@ class CronScheduler:
             else:
                 started.append(self.runner.launch(row, job, now))
         return started, pending
+
+    def _hold_back(
+        self, ready: list[FireRecord], now: float, held: str | None, pending: list[float]
+    ) -> list[FireRecord]:
+        """While ``held``: the fires that may start anyway (manual ones); the others wait, and
+        those past their start deadline are recorded ``missed`` with the reason. ``pending``
+        gets the deadlines of the waiting ones (a wake to record them on time)."""
+        if held != self._held_reason:
+            if held is None:
+                log.debug("cron: fires start again (the hold was lifted)")
+            self._held_reason = held
+        if held is None:
+            return ready
+        windows = {job_id: plan.job.catch_up_window for job_id, plan in self._plans.items()}
+        waiting, overdue = split_held(ready, now, windows)
+        for row in overdue:
+            plan = self._plans.get(row.job_id)
+            missed = Result(outcome=Outcome.MISSED, error=held)
+            if self.runner.finalize(
+                row.id, missed, expect=(Status.CLAIMED,), job=plan.job if plan else None
+            ):
+                log.warning("cron: fire %s missed its start deadline: %s", row.fire_key, held)
+        if waiting:
+            log.debug("cron: %d fire(s) held: %s", len(waiting), held)
+        pending.extend(start_deadline(r, windows.get(r.job_id, 0.0)) for r in waiting)
+        return [r for r in ready if r.kind is Kind.MANUAL]
 
     def _launch(self, row: FireRecord, job: CronJob | None, now: float) -> None:
         try:
@@ -436,11 +516,12 @@ class CronScheduler:
 
     def stop(self) -> None:
         """Stop deciding. Fires this instance claimed but had not started yet are settled
-        ``failed_start`` (they are never run twice); running workers keep running. Stop the
-        waker first (:meth:`dispatcher.cron.waker.CronWaker.stop` does both)."""
+        ``failed_start`` (they are never run twice), retries among them wait for their try
+        again; running workers keep running. Stop the waker first
+        (:meth:`dispatcher.cron.waker.CronWaker.stop` does both)."""
         with self._lock:
             for row in self.ledger.open_rows((Status.CLAIMED,)):
-                if row.claimant != self.claimant:
+                if row.claimant != self.claimant or self.runner.requeue(row):
                     continue
                 plan = self._plans.get(row.job_id)
                 stopped = Result(
@@ -448,7 +529,11 @@ class CronScheduler:
                     error="the scheduler stopped before starting this fire; not re-run",
                 )
                 self.runner.finalize(
-                    row.id, stopped, expect=(Status.CLAIMED,), job=plan.job if plan else None
+                    row.id,
+                    stopped,
+                    expect=(Status.CLAIMED,),
+                    job=plan.job if plan else None,
+                    retry=False,
                 )
 
     close = stop
@@ -460,3 +545,25 @@ class CronScheduler:
             return
         self._finished.put(session)
         self._want_wake(self.clock.time())
+
+
+def _take_retry(row: FireRecord, claimant: str, now: float) -> FireChange:
+    """A fire's next try claimed for starting; the last try's worker columns are cleared (it
+    is kept in ``tries``)."""
+    return FireChange(
+        status=Status.CLAIMED,
+        claimant=claimant,
+        due_at=row.retry_at if row.retry_at is not None else now,
+        retry_at=None,
+        retry_kind=None,
+        retry_reason=None,
+        session_id=None,
+        placement=None,
+        exit_code=None,
+        signal=None,
+        started_at=None,
+        ended_at=None,
+        log_path=None,
+        error=None,
+        infrastructure=False,
+    )

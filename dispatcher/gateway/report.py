@@ -18,13 +18,15 @@ from dispatcher.app.runtime import Runtime
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import job_active, plan_job
 from dispatcher.cron.zones import host_zone_name
+from dispatcher.gateway.admission import admission_status
 from dispatcher.gateway.lock import read_holder
 from dispatcher.gateway.reload import read_reload
 from dispatcher.gateway.statusfile import read_status
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.store import SqlDatabase
 from dispatcher.kanban.views import unconfigured
-from scope.abc import CallerKind
+from dispatcher.timefmt import iso
+from scope.abc import CallerKind, Scoper
 from scope.errors import ScopeUnavailable
 from scope.foundation.errors import DispatchError
 
@@ -83,9 +85,25 @@ def status_document(
             if config_loaded
             else None,
             "cron_jobs_known": None if config_loaded else _known_jobs(state.ledger),
+            "cron_paused": _paused_jobs(state.ledger),
             "recent_errors": (_unconfigured(store, runtime) if config_loaded else [])
             + _recent_errors(store.db, served.recent_errors if served else []),
+            "admission": admission_status(state_dir, environ, runtime.settings.admission),
         }
+
+
+def placement_of(scoper: Scoper) -> dict[str, str]:
+    """What cron and kanban workers of this process would get right now (the cached probe
+    verdict): a placement value, ``refused``, or ``unknown (why)``."""
+    out = {}
+    for name, caller in (("cron", CallerKind.CRON), ("kanban", CallerKind.KANBAN)):
+        try:
+            out[name] = scoper.decide(caller).placement.value
+        except ScopeUnavailable:
+            out[name] = "refused"
+        except DispatchError as err:
+            out[name] = f"unknown ({err})"
+    return out
 
 
 def _placement_here(runtime: Runtime) -> dict[str, str]:
@@ -140,6 +158,21 @@ def _unconfigured(store: BoardStore, runtime: Runtime) -> list[dict[str, Any]]:
         }
         for card in store.list_cards()
         if unconfigured(card, assignees)
+    ]
+
+
+def _paused_jobs(ledger: Ledger) -> list[dict[str, Any]]:
+    """Every paused cron job: by whom (``operator``: ``cron pause``; ``dispatch``: a fire
+    failed every attempt under ``on_exhausted: pause``), since when and why."""
+    return [
+        {
+            "job_id": state.job_id,
+            "by": "dispatch" if state.paused_reason else "operator",
+            "paused_at": state.paused_at,
+            "reason": state.paused_reason,
+        }
+        for state in sorted(ledger.job_states().values(), key=lambda s: s.job_id)
+        if state.paused
     ]
 
 
@@ -202,3 +235,35 @@ def _core(message: str) -> str:
     """The error text after the run/fire prefix (``card c_1 run r_2: spawn_refused: ...``)."""
     parts = message.split(": ", 2)
     return parts[-1][:120]
+
+
+def status_json(doc: dict[str, Any]) -> dict[str, Any]:
+    """``status --json`` (and the API's ``/status``) from :func:`status_document` plus its
+    ``cluster`` key: times as ISO-8601, the uptime in whole seconds."""
+    serve = dict(doc["serve"])
+    for key in ("started_at", "updated_at"):
+        if key in serve:
+            serve[key] = iso(serve[key])
+    if "uptime" in serve:
+        serve["uptime_seconds"] = int(serve.pop("uptime"))
+    if serve.get("last_reload"):
+        reload = dict(serve["last_reload"])
+        for key in ("started_at", "finished_at"):
+            reload[key] = iso(reload[key])
+        serve["last_reload"] = reload
+    return {
+        **doc,
+        "serve": serve,
+        "next_cron_fires": None
+        if doc["next_cron_fires"] is None
+        else [
+            {"job_id": f["job_id"], "at": iso(f["at"], f["zone"])} for f in doc["next_cron_fires"]
+        ],
+        "recent_errors": [{**e, "at": iso(e.get("at"))} for e in doc["recent_errors"]],
+        "cron_paused": [{**p, "paused_at": iso(p["paused_at"])} for p in doc["cron_paused"]],
+        "admission": {
+            **doc["admission"],
+            "since": iso(doc["admission"]["since"]),
+            "decided_at": iso(doc["admission"]["decided_at"]),
+        },
+    }

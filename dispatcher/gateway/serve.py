@@ -42,6 +42,7 @@ from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import host_zone_name
 from dispatcher.errors import MissingModule
 from dispatcher.gateway import summary
+from dispatcher.gateway.admission import admitted
 from dispatcher.gateway.exits import EXIT_FAILED, EXIT_OK, EXIT_RESTART, start_failure
 from dispatcher.gateway.limits import raise_fd_limit
 from dispatcher.gateway.lock import ServeLock
@@ -49,6 +50,7 @@ from dispatcher.gateway.member import Alone, open_gateway_state
 from dispatcher.gateway.notify import Notifier
 from dispatcher.gateway.recent import RecentErrors
 from dispatcher.gateway.reload import ReloadRecord, write_reload
+from dispatcher.gateway.report import placement_of
 from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.tick import KanbanDispatcher
@@ -57,7 +59,6 @@ from dispatcher.settings import Settings
 from registry.abc import OwnerKind, Session, SessionState
 from registry.errors import StateError
 from scope.abc import CallerKind, Placement
-from scope.errors import ScopeUnavailable
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import DispatchError
 
@@ -247,6 +248,7 @@ class Gateway:
             runtime.close()
             raise
         self._runtime = runtime
+        self._member = admitted(self._member, self)  # admission under pressure holds claims
         assert self._cluster is not None
         self._store = self._cluster.board
         self._kanban = self._make_kanban(self.settings)
@@ -256,7 +258,7 @@ class Gateway:
             runtime.registry,
             runtime.db,
             clock=self._member.db_clock,
-            environ=self.environ,
+            environ=spawn_environ(self.settings, self.environ),
             state_dir=self.state_dir,
             config_path=self.config_path,
             ledger=self._cluster.ledger,
@@ -342,6 +344,8 @@ class Gateway:
             poked = self._board_moved() or poked
         if due:
             self._adopt_strays()
+        if (poked or finished) and self._notify is not None:
+            self._notify.wake()  # the change may have queued a message: no poll's delay
         if poked or finished or due:
             self._tick_kanban("safety" if due and not (poked or finished) else "wake")
             self._next_safety = self.clock.monotonic() + self.settings.serve.safety_tick
@@ -396,7 +400,7 @@ class Gateway:
                 return count
             count += 1
             try:
-                self._kanban.session_finished(session, self.clock.time())
+                self._kanban.session_finished(session, self._member.db_clock.time())
             except DispatchError as err:
                 log.error("kanban: closing the run of %s failed: %s", session.id, err)
 
@@ -426,7 +430,7 @@ class Gateway:
             return
         try:
             room = self._member.claim_room(self.settings.kanban, self.clock.monotonic())
-            report = self._kanban.tick(self.clock.time(), max_claims=room)
+            report = self._kanban.tick(self._member.db_clock.time(), max_claims=room)
         except StateError as err:
             self._state_trouble(err)
             return
@@ -538,15 +542,7 @@ class Gateway:
     def placement_now(self) -> dict[str, str]:
         """What cron and kanban workers would get right now (cached probe verdict)."""
         assert self._runtime is not None
-        out = {}
-        for name, caller in (("cron", CallerKind.CRON), ("kanban", CallerKind.KANBAN)):
-            try:
-                out[name] = self._runtime.scoper.decide(caller).placement.value
-            except ScopeUnavailable:
-                out[name] = "refused"
-            except DispatchError as err:
-                out[name] = f"unknown ({err})"
-        return out
+        return placement_of(self._runtime.scoper)
 
     def _counts(self) -> dict[str, Any]:
         assert self._runtime is not None and self._store is not None

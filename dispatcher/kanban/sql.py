@@ -16,13 +16,21 @@ from typing import Any, Protocol
 
 from dispatcher.kanban import notices, rules
 from dispatcher.kanban.abc import BoardStore
+from dispatcher.kanban.history import READY_KINDS
 from dispatcher.kanban.model import Card, EventKind, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, card_of, db_value, run_of
 from dispatcher.launch.outbox import Outbox
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
-__all__ = ["UNDONE_PARENTS_SQL", "WAITING_SQL", "SqlBoard", "SqlConnection", "SqlDatabase"]
+__all__ = [
+    "READY_SINCE_SQL",
+    "UNDONE_PARENTS_SQL",
+    "WAITING_SQL",
+    "SqlBoard",
+    "SqlConnection",
+    "SqlDatabase",
+]
 
 # A parent counts as done when it is done, or was done before it was archived.
 UNDONE_PARENTS_SQL = (
@@ -30,6 +38,13 @@ UNDONE_PARENTS_SQL = (
     " WHERE p.card_id = ? AND NOT (pc.status = 'done'"
     " OR (pc.status = 'archived' AND pc.completed_at IS NOT NULL))"
 )
+READY_SINCE_SQL = (
+    "(SELECT max(at) FROM kanban_events WHERE card_id = ? AND kind IN ("  # noqa: S608
+    + ", ".join(f"'{kind}'" for kind in sorted(READY_KINDS))
+    + "))"
+)
+"""A claim's ``ready_at``: the card's latest event of :data:`~dispatcher.kanban.history.
+READY_KINDS` (read before the claim's own event; bind the card id)."""
 WAITING_SQL = (
     "SELECT c.id FROM kanban_cards c WHERE c.status = 'todo' AND NOT EXISTS ("
     " SELECT 1 FROM kanban_parents p JOIN kanban_cards pc ON pc.id = p.parent_id"

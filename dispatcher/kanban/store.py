@@ -39,20 +39,52 @@ from dispatcher.kanban.rows import (
     run_of,
 )
 from dispatcher.kanban.sql import (
+    READY_SINCE_SQL,
     WAITING_SQL,
-    SqlBoard,
     SqlConnection,
     SqlDatabase,
 )
+from dispatcher.kanban.sqlhistory import SqlHistory
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
 from registry.store.database import StateDB
 from scope.foundation.errors import NotFoundError
 
-__all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore"]
+__all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore", "ready_query"]
+
+READY = "status = 'ready' AND current_run_id IS NULL"
+"""A card a claim may take (the condition of the pick indexes)."""
 
 
-class SqlBoardStore(SqlBoard):
+def ready_query(
+    *, after: Card | None = None, limit: int | None = None, now: float | None = None
+) -> tuple[str, list[Any]]:
+    """The SQL and parameters of :meth:`SqlBoardStore.ready_cards` (both backends)."""
+    where, params = "", []
+    if after is not None:
+        # Keyset paging in the order of the pick index: (priority DESC, created_at, id).
+        where = (
+            " AND (priority < ? OR (priority = ? AND (created_at > ?"
+            " OR (created_at = ? AND id > ?))))"
+        )
+        params = [after.priority, after.priority, after.created_at, after.created_at, after.id]
+    tail = "" if limit is None else f" LIMIT {int(limit)}"
+    pick = f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE {READY}"  # noqa: S608
+    order = " ORDER BY priority DESC, created_at, id"
+    if now is None:
+        return f"{pick}{where}{order}{tail}", params
+    # Two partial indexes: the cards that never backed off in pick order, and those whose
+    # back-off ran out by retry_at. Cards still backing off are in neither range, so however
+    # many there are, a page reads only what it returns.
+    sql = (
+        f"SELECT * FROM ({pick} AND retry_at IS NULL{where}{order}{tail}) AS fresh"  # noqa: S608
+        f" UNION ALL SELECT * FROM ({pick} AND retry_at IS NOT NULL AND retry_at <= ?"
+        f"{where}{order}{tail}) AS due{order}{tail}"
+    )
+    return sql, [*params, now, *params]
+
+
+class SqlBoardStore(SqlHistory):
     """The board in a SQL database (tables of :mod:`dispatcher.kanban.tables`)."""
 
     # -- cards -------------------------------------------------------------------------------
@@ -252,24 +284,22 @@ class SqlBoardStore(SqlBoard):
                 self._bump(conn)
         return done
 
-    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
-        where, params = "", []
-        if after is not None:
-            # Keyset paging in the order of the pick index: (priority DESC, created_at, id).
-            where = (
-                " AND (priority < ? OR (priority = ? AND (created_at > ?"
-                " OR (created_at = ? AND id > ?))))"
-            )
-            params = [after.priority, after.priority, after.created_at, after.created_at, after.id]
-        tail = "" if limit is None else f" LIMIT {int(limit)}"
+    def ready_cards(
+        self, *, after: Card | None = None, limit: int | None = None, now: float | None = None
+    ) -> list[Card]:
+        sql, bound = ready_query(after=after, limit=limit, now=now)
+        with self.db.read() as conn:
+            rows = conn.execute(sql, bound).fetchall()
+        return [card_of(row, ()) for row in rows]
+
+    def backing_off(self, *, now: float, limit: int) -> list[str]:
         with self.db.read() as conn:
             rows = conn.execute(
-                f"SELECT {CARD_COLUMNS} FROM kanban_cards"  # noqa: S608 - constant
-                f" WHERE status = 'ready' AND current_run_id IS NULL{where}"
-                f" ORDER BY priority DESC, created_at, id{tail}",
-                params,
+                f"SELECT id FROM kanban_cards WHERE {READY} AND retry_at IS NOT NULL"  # noqa: S608
+                " AND retry_at > ? ORDER BY retry_at, id LIMIT ?",
+                (now, int(limit)),
             ).fetchall()
-        return [card_of(row, ()) for row in rows]
+        return [str(row[0]) for row in rows]
 
     def claim(
         self,
@@ -305,9 +335,10 @@ class SqlBoardStore(SqlBoard):
             )
             run_id = RUN_IDS.new()
             conn.execute(
-                "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"
-                " claimer_start, claimer_boot) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot),
+                "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"  # noqa: S608
+                f" claimer_start, claimer_boot, ready_at) VALUES (?, ?, ?, ?, ?, ?, ?,"
+                f" {READY_SINCE_SQL})",
+                (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot, card_id),
             )
             self._stamp(conn, run_id)
             cursor = conn.execute(

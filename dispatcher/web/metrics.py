@@ -18,8 +18,19 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
 ``dispatch_kanban_ready_to_running_seconds`` histogram from a card's last change before its
                                                       claim (it became ready) to its worker
                                                       spawned
+``dispatch_kanban_retries_total{reason}``   counter   retries scheduled by the retry policy:
+                                                      ``backoff`` (counted), ``uncounted``
+                                                      (exit 75, ``counted: false``) and
+                                                      ``deferred`` (the worker's ``defer``;
+                                                      deferred runs end with the outcome
+                                                      ``deferred`` in ``_runs_total``)
 ``dispatch_cron_fire_lag_seconds``          histogram due -> started of scheduled fires
 ``dispatch_cron_fires_total{job,outcome}``  counter   decided fires (retained ledger rows)
+``dispatch_cron_retries_total{job,reason}`` counter   tries followed by another try of their
+                                                      fire: ``backoff``, ``uncounted`` (also
+                                                      infrastructure), ``deferred`` (retained
+                                                      rows)
+``dispatch_cron_fires_retried_total{job}``  counter   fires that had more than one try
 ``dispatch_cron_job_paused{job}``           gauge     1 for a paused job
 ``dispatch_sessions_running{placement}``    gauge     live registry sessions
 ``dispatch_scope_probe_ok``                 gauge     1 when the probe placed a no-op in a scope
@@ -34,6 +45,13 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
 ``dispatch_cluster_host_lease_live{host}``  gauge     cluster mode: 1 while the host's lease is
                                                       live (database clock)
 ``dispatch_cluster_host_epoch{host}``       gauge     cluster mode: the host's lease epoch
+``dispatch_admission_held{reason}``         gauge     1 for each reading that holds new work
+                                                      now (memory_pressure, memory_available,
+                                                      cpu_pressure)
+``dispatch_admission_memory_pressure_percent`` gauge PSI memory ``some avg10`` (absent
+                                                      without PSI)
+``dispatch_admission_cpu_pressure_percent``  gauge    PSI cpu ``some avg10``
+``dispatch_admission_memory_available_bytes`` gauge   ``MemAvailable``
 ``dispatch_state_readable``                 gauge     0 when the state could not be read
 =========================================== ========= =========================================
 
@@ -61,7 +79,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from dispatcher.gateway.admission import admission_status
 from dispatcher.kanban.model import Event
+from dispatcher.launch.admission import SIGNALS
 from dispatcher.web.source import Source
 from scope.foundation.errors import DispatchError
 
@@ -127,12 +147,44 @@ class ReadyToRunning:
         self.seq = event.seq
 
 
+RETRY_REASONS = ("backoff", "uncounted", "deferred")
+
+
+class RetryTally:
+    """Folds the board's events into retries scheduled by reason (see the module docstring):
+    a failure event that set ``retry_at`` is a retry behind the back-off, counted unless it
+    says ``counted: false`` (or was an exit 75); a ``deferred`` event is the worker's own."""
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(RETRY_REASONS, 0)
+
+    def fold(self, event: Event) -> None:
+        """Take one event (in sequence order)."""
+        if event.kind == "deferred":
+            self.counts["deferred"] += 1
+        elif event.kind in ("failed", "tempfail") and event.data.get("retry_at") is not None:
+            counted = event.kind == "failed" and event.data.get("counted", True)
+            self.counts["backoff" if counted else "uncounted"] += 1
+
+    def family(self) -> CounterMetricFamily:
+        """``dispatch_kanban_retries_total`` by reason."""
+        family = CounterMetricFamily(
+            "dispatch_kanban_retries",
+            "Kanban retries scheduled by the retry policy, by reason",
+            labels=["reason"],
+        )
+        for reason in RETRY_REASONS:
+            family.add_metric([reason], self.counts[reason])
+        return family
+
+
 class DispatchCollector(Collector):
     """The collector (see the module docstring); register it on a private registry."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
         self._latency = ReadyToRunning()
+        self._retries = RetryTally()
         self._lock = threading.Lock()
 
     def describe(self) -> list[Metric]:
@@ -143,7 +195,7 @@ class DispatchCollector(Collector):
         """Read everything now; a part that cannot be read is left out and
         ``dispatch_state_readable`` says so."""
         readable = 1.0
-        for part in (self._board, self._cron, self._host):
+        for part in (self._board, self._cron, self._host, self._admission):
             try:
                 yield from list(part())
             except (DispatchError, OSError, ValueError) as err:
@@ -184,12 +236,14 @@ class DispatchCollector(Collector):
                 batch = store.events_after(self._latency.seq, limit=_BATCH)
                 for event in batch:
                     self._latency.fold(event)
+                    self._retries.fold(event)
                 if len(batch) < _BATCH:
                     break
             yield self._latency.histogram.family(
                 "dispatch_kanban_ready_to_running_seconds",
                 "From a card becoming ready to its worker spawned",
             )
+            yield self._retries.family()
 
     def _cron(self) -> Iterator[Metric]:
         ledger = self.source.ledger()
@@ -203,6 +257,23 @@ class DispatchCollector(Collector):
         for (job_id, outcome), count in sorted(ledger.outcome_counts().items()):
             fires.add_metric([job_id, outcome], count)
         yield fires
+        counts = ledger.retry_counts()
+        retries = CounterMetricFamily(
+            "dispatch_cron_retries",
+            "Tries followed by another try of their fire, by reason (kept rows)",
+            labels=["job", "reason"],
+        )
+        for (job_id, reason), count in sorted(counts.retries.items()):
+            retries.add_metric([job_id, reason], count)
+        yield retries
+        retried = CounterMetricFamily(
+            "dispatch_cron_fires_retried",
+            "Fires with more than one try (kept rows)",
+            labels=["job"],
+        )
+        for job_id, count in sorted(counts.fires.items()):
+            retried.add_metric([job_id], count)
+        yield retried
         paused = GaugeMetricFamily("dispatch_cron_job_paused", "1 for a paused job", labels=["job"])
         states = ledger.job_states()
         for job in self.source.settings.cron.jobs:
@@ -237,6 +308,26 @@ class DispatchCollector(Collector):
         for caller, placement in sorted(report["placement"].items()):
             verdicts.add_metric([caller, str(placement)], 1)
         yield verdicts
+
+    def _admission(self) -> Iterator[Metric]:
+        source = self.source
+        status = admission_status(source.state_dir, source.environ, source.settings.admission)
+        held = GaugeMetricFamily(
+            "dispatch_admission_held",
+            "1 for each reading that holds new claims and cron starts now",
+            labels=["reason"],
+        )
+        for signal in SIGNALS:
+            held.add_metric([signal], float(signal in status["reasons"]))
+        yield held
+        readings = status["readings"]
+        for key, name, text in (
+            ("memory_pressure", "memory_pressure_percent", "PSI memory some avg10"),
+            ("cpu_pressure", "cpu_pressure_percent", "PSI cpu some avg10"),
+            ("memory_available", "memory_available_bytes", "MemAvailable"),
+        ):
+            if readings[key] is not None:
+                yield GaugeMetricFamily(f"dispatch_admission_{name}", text, readings[key])
 
     def _cluster(self) -> Iterator[Metric]:
         live = GaugeMetricFamily(

@@ -15,8 +15,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from dispatcher.cron.report import policy_text
+from dispatcher.cron.report import attempt_text, history_lines, policy_text
 from dispatcher.kanban.model import MOVE_TARGETS, CardStatus, Run
+from dispatcher.launch.resources import sessions_of, used_text
+from dispatcher.timefmt import TimeView
 from dispatcher.web import views
 from dispatcher.web.live import present
 from dispatcher.web.site import Site
@@ -67,7 +69,7 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         shown,
         runs,
         local_host=source.host_id,
-        failure_limit=kanban.failure_limit,
+        limit_for=kanban.limit_for,
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
     )
@@ -79,8 +81,15 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         done_page=views.DONE_PAGE,
         running=counts.get(CardStatus.RUNNING, 0),
         max_in_progress=kanban.max_in_progress,
+        strip=_strip(site),
     )
     return context
+
+
+def _strip(site: Site) -> Any:
+    from dispatcher.web.charts import strip  # the charts module builds on this one
+
+    return strip(site)
 
 
 async def board(request: Request) -> Response:
@@ -146,6 +155,7 @@ def card_context(
         stream += f"&session={session.id}&offset={log_offset}"
     current = next((r for r in runs if r.run_id == card.current_run_id), None)
     hosts = source.run_hosts([card.id])
+    ran = sessions_of(source.registry(), (run.session_id for run in runs))
     context = site.context(request, title=card.title, nav="board", stream=stream)
     context.update(
         card=card,
@@ -154,6 +164,7 @@ def card_context(
                 "run": run,
                 "duration": views.run_duration(run, now),
                 "host": views.run_host(run, hosts, source.host_id),
+                "session": ran.get(run.session_id or ""),
             }
             for run in reversed(runs)
         ],
@@ -162,7 +173,7 @@ def card_context(
         session=session,
         log_text=log_text,
         log_cut=log_cut,
-        failure_limit=card.failure_limit or source.settings.kanban.failure_limit,
+        failure_limit=card.failure_limit or source.settings.kanban.limit_for(card.assignee),
         assignees=sorted(source.settings.kanban.assignees),
         move_targets=[s.value for s in MOVE_TARGETS if s is not card.status],
     )
@@ -211,6 +222,12 @@ def cron_context(site: Site, request: Request, job_id: str | None = None) -> dic
     title = f"Cron job {job_id}" if job_id else "Cron"
     context = site.context(request, title=title, nav="cron", stream=stream)
     context.update(jobs=listed, history=rows, job_id=job_id, configured=bool(jobs.plans))
+    # A fire's tries and its pending next try, worded as `cron history` words them.
+    view = TimeView(now=now)
+    context["tries"] = {row.id: (attempt_text(row), history_lines(row, view)) for row in rows}
+    # Each fire's class, peak memory and CPU time come with its session (this host's).
+    ran = [row.session_id for row in rows if row.session_id]
+    context["sessions"] = sessions_of(site.source.registry(), ran) if ran else {}
     # One job's page says what it runs and how, as ``cron list`` does.
     context["job"] = _job_facts(listed[0].entry) if job_id and listed else None
     return context
@@ -289,7 +306,9 @@ def session_context(site: Site, request: Request, session_id: str) -> dict[str, 
     # The log's size on disk now (the registry's output seam), not the byte count the session
     # record last stored: that one is written when the worker ends.
     size = site.source.registry().log_size(session.id) or 0
-    context.update(session=session, log_text=text, log_cut=cut, log_bytes=size)
+    context.update(
+        session=session, log_text=text, log_cut=cut, log_bytes=size, used=used_text(session)
+    )
     return context
 
 
@@ -306,6 +325,10 @@ async def session(request: Request) -> Response:
 # -- status and hosts -------------------------------------------------------------------------
 
 
+DEAD_SHOWN = 20
+"""The newest dead notifications the status page lists."""
+
+
 def status_context(site: Site, request: Request) -> dict[str, Any]:
     """``dispatch status`` plus the doctor's placement verdicts and remedies."""
     from dispatcher.gateway.report import status_document
@@ -313,7 +336,10 @@ def status_context(site: Site, request: Request) -> dict[str, Any]:
     source = site.source
     doc = status_document(source.runtime(), source.environ)
     context = site.context(request, title="Status", nav="status", stream="/live/status")
-    context.update(doc=doc, doctor=source.doctor())
+    # Dead notifications wait for an operator ('dispatch notify retry ID'), as notify list
+    # --dead shows them.
+    dead = source.reader.cluster.notify_store().list(state="dead", limit=DEAD_SHOWN)
+    context.update(doc=doc, doctor=source.doctor(), dead=dead)
     return context
 
 

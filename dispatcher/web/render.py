@@ -11,13 +11,18 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from starlette.responses import HTMLResponse
 
 from dispatcher import __version__
+from dispatcher.launch.resources import human_size, used_text
 from dispatcher.timefmt import TimeView, iso, span, viewer_zone
+from dispatcher.web.svg import duration
+
+if TYPE_CHECKING:
+    from registry.abc import Session
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
@@ -77,9 +82,24 @@ def environment(environ: Mapping[str, str] | None = None) -> jinja2.Environment:
         at=at,
         clock=clock,
         span=_span,
+        duration=duration,
+        class_of=_class_of,
+        used=_used,
+        bytes=human_size,
     )
     env.globals.update(version=__version__, ago=_ago)
     return env
+
+
+def _class_of(session: Session | None) -> str:
+    """A session's resource class in words, ``-`` without a scope of its own."""
+    granted = session.resources if session is not None else None
+    return "-" if granted is None else granted.describe()
+
+
+def _used(session: Session | None) -> str:
+    """An ended session's peak memory and CPU time, ``-`` while unknown."""
+    return used_text(session) or "-"
 
 
 class Renderer:
@@ -101,6 +121,16 @@ class Renderer:
     def macro(self, template: str, name: str, *args: Any) -> str:
         """A context-free macro of a template called with ``args`` (a board tile)."""
         return str(getattr(self.env.get_template(template).module, name)(*args))
+
+    def markup(self, template: str, name: str, *args: Any) -> Any:
+        """A context-free macro's output kept as markup, to be placed in another page as it is
+        (it is this module's own escaped rendering; a drawing kept for the next pages)."""
+        made = getattr(self.env.get_template(template).module, name)(*args)
+        # With autoescape on, a macro's output is already markup (it has __html__): escaped
+        # as it was made, and placed in a page as it is.
+        if not hasattr(made, "__html__"):
+            raise TypeError(f"{template} {name}: not a macro's markup")
+        return made
 
     def page(
         self,
