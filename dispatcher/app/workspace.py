@@ -63,7 +63,7 @@ class Workspace(OpenBoard):
             clock=clock,
         )
 
-    def _open_runtime(self) -> Runtime:
+    def _open_runtime(self, *, fork_server: bool = False) -> Runtime:
         if self._runtime is None:
             # Imported on demand: adding a card must not pay for the registry and scope layer.
             from dispatcher.app.runtime import open_runtime
@@ -76,6 +76,7 @@ class Workspace(OpenBoard):
                 follow=False,
                 protect_gateway=False,
                 clock=self.clock,
+                fork_server=fork_server,
             )
         return self._runtime
 
@@ -117,10 +118,23 @@ class Workspace(OpenBoard):
             if not self.cluster.lease_live():
                 room, warning = 0, NO_LEASE_WARNING
             max_claims = room if max_claims is None else min(max_claims, room)
+        if not dry_run and self._runtime is None:
+            from dispatcher.app.keepers import MANY_WORKERS  # not on the path of 'kanban add'
+
+            # Many workers to start: their keepers are forked, not started one by one.
+            self._open_runtime(fork_server=self._may_start(max_claims) >= MANY_WORKERS)
         report = self.dispatcher().tick(self.now(), max_claims=max_claims, dry_run=dry_run)
         if warning is not None:
             report = dataclasses.replace(report, warnings=(*report.warnings, warning))
         return report
+
+    def _may_start(self, max_claims: int | None) -> int:
+        """At most how many workers a tick could start now: ready cards, within the room."""
+        from dispatcher.kanban.model import CardStatus
+
+        ready = self.store.status_counts().get(CardStatus.READY, 0)
+        room = self.settings.kanban.max_in_progress
+        return min(ready, room, ready if max_claims is None else max_claims)
 
     def run_hosts(self, card_id: str) -> dict[str, str | None]:
         """The host of each run of a card (cluster mode; empty for a single host)."""
