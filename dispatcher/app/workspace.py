@@ -1,5 +1,5 @@
-"""A board opened for one command: database, store, validated actions and, only when needed,
-the registry and dispatcher.
+"""A board opened for one command (:class:`~dispatcher.app.openboard.OpenBoard`: database,
+store, validated actions) with, only when needed, the registry and dispatcher.
 
 Commands that merely add or edit cards never start the scope layer or the registry. Board reads
 reconcile first (so a finished worker's card shows its final state), but open the registry
@@ -17,13 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dispatcher.app.clusterstate import ClusterState, open_cluster_state
-from dispatcher.app.database import open_state
-from dispatcher.app.reports import spawn_environ
-from dispatcher.app.wake import poke
-from dispatcher.kanban.board import Board
-from dispatcher.kanban.store import SqlBoardStore
-from dispatcher.settings import Settings
+from dispatcher.app.clusterstate import open_cluster_state
+from dispatcher.app.openboard import OpenBoard
 from scope.abc import CallerKind
 from scope.foundation.clock import Clock
 
@@ -31,6 +26,7 @@ if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
     from dispatcher.kanban.report import Closed, TickReport
     from dispatcher.kanban.tick import KanbanDispatcher
+    from dispatcher.settings import Settings
     from registry.abc import Registry
 
 
@@ -40,7 +36,7 @@ NO_LEASE_WARNING = (
 )
 
 
-class Workspace:
+class Workspace(OpenBoard):
     """Everything a ``dispatch kanban`` command works with (see the module docstring)."""
 
     def __init__(
@@ -54,32 +50,18 @@ class Workspace:
         clock: Clock | None = None,
     ) -> None:
         self.settings = settings
-        self.state_dir = Path(state_dir)
         self.environ = dict(environ)
         self.config_path = config_path
         self.caller = caller
-        self.db = open_state(self.state_dir)
-        try:
-            self.cluster: ClusterState = open_cluster_state(
-                settings, self.state_dir, self.environ, local=self.db
-            )
-        except BaseException:
-            self.db.close()
-            raise
-        # Cluster mode: the database's clock, so a defer's time or a claim's "now" mean the
-        # same on every host.
-        self.clock: Clock = clock or self.cluster.clock
-        self.store: SqlBoardStore = self.cluster.board
-        self.board = Board(
-            self.store, settings.kanban, registry=self.registry, state_dir=self.state_dir
-        )
         self._runtime: Runtime | None = None
         self._dispatcher: KanbanDispatcher | None = None
-        self._opened_version = self.store.board_version()
-
-    def now(self) -> float:
-        """The current wall time (the cluster database's in cluster mode)."""
-        return self.clock.time()
+        super().__init__(
+            open_cluster_state(settings, Path(state_dir), self.environ),
+            settings.kanban,
+            state_dir=state_dir,
+            registry=self.registry,
+            clock=clock,
+        )
 
     def _open_runtime(self, *, fork_server: bool = False) -> Runtime:
         if self._runtime is None:
@@ -106,6 +88,7 @@ class Workspace:
         """The dispatcher for this command (opens the registry)."""
         if self._dispatcher is None:
             # Imported here: adding or editing a card never needs the dispatcher.
+            from dispatcher.app.reports import spawn_environ
             from dispatcher.kanban.faults import FaultPoint
             from dispatcher.kanban.tick import KanbanDispatcher
 
@@ -165,17 +148,7 @@ class Workspace:
         self.store.promote(now=self.now())
         return closed
 
-    def close(self) -> None:
-        """Close the runtime (workers keep running) and the database; when this command
-        changed the board, poke the state dir's gateway so it looks at once."""
-        try:
-            changed = self.store.board_version() != self._opened_version
-            if self._runtime is not None:
-                self._runtime.close()
-        finally:
-            try:
-                self.cluster.close()
-            finally:
-                self.db.close()
-        if changed:
-            poke(self.state_dir)
+    def _release(self) -> None:
+        """Close the runtime (workers keep running)."""
+        if self._runtime is not None:
+            self._runtime.close()

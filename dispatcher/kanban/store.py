@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.kanban import rules
 from dispatcher.kanban.abc import Claim, ClaimVerdict, Decide
@@ -45,10 +45,12 @@ from dispatcher.kanban.sql import (
     SqlDatabase,
 )
 from dispatcher.kanban.sqlhistory import SqlHistory
-from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.outcome import Outcome, Result
 from registry.store.database import StateDB
 from scope.foundation.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from dispatcher.launch.claimant import Claimant
+    from dispatcher.launch.outcome import Outcome, Result
 
 __all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore", "ready_query"]
 
@@ -543,6 +545,8 @@ class SqlBoardStore(SqlHistory):
         return counts
 
     def outcome_counts(self) -> dict[tuple[Outcome, bool], int]:
+        from dispatcher.launch.outcome import Outcome
+
         with self.db.read() as conn:
             rows = conn.execute(
                 "SELECT outcome, infrastructure, COUNT(*) FROM kanban_runs"
