@@ -132,6 +132,23 @@ def test_failed_start(
     assert not (sdir / "keeper.json").exists()
 
 
+def test_a_worker_whose_log_cannot_be_made_does_not_run_on(
+    keepers: KeeperRunner, sdir: Path, tmp_path: Path
+) -> None:
+    # The keeper makes its log right after starting the worker; when it cannot, the worker
+    # is ended with it instead of running on unrecorded (the registry reports it lost).
+    (sdir / "output.log").mkdir()
+    mark = tmp_path / "worker-pid"
+    done = keepers.run(spec_for(sdir, ["sh", "-c", f"echo $$ > {mark}; exec sleep 30"]), timeout=15)
+    assert "IsADirectoryError" in done.stderr
+    assert not (sdir / "exit.json").exists()
+    assert not (sdir / "keeper.json").exists()
+    if mark.exists() and mark.read_text().strip():
+        # Killed and reaped by its keeper: the pid is free (or, rarely, a stranger's by now).
+        cmdline = Path(f"/proc/{int(mark.read_text())}/cmdline")
+        assert not cmdline.exists() or b"sleep" not in cmdline.read_bytes()
+
+
 def test_worker_gets_default_signal_dispositions(keepers: KeeperRunner, sdir: Path) -> None:
     # The keeper ignores SIGPIPE/SIGHUP/SIGXFSZ; its worker must not inherit that.
     script = "grep -E '^Sig(Ign|Blk)' /proc/self/status"

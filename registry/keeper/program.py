@@ -8,10 +8,13 @@ whoever launched it. What it does, in order:
    else or EOF = exit at once, before touching anything);
 2. ``setsid``; ignores SIGPIPE, SIGXFSZ and (until its handler is up) SIGHUP, so neither the
    launcher going away nor a full disk can kill it, and clears the signal mask it inherited;
-3. starts the worker in its own process group (pipe mode) or on a new PTY (PTY mode, where the
-   worker leads its own session), with every signal at its default disposition and an empty
-   signal mask (as systemd starts a service); a worker that cannot start yields an exit record
-   with state ``failed_start`` and the reason;
+3. starts the worker in its own process group (pipe mode) or on a new PTY (PTY mode, where
+   the worker leads its own session), with every signal at its default disposition and an
+   empty signal mask (as systemd starts a service); a worker that cannot start yields an exit
+   record with state ``failed_start`` and the reason. Only then does it create its files
+   (the log and ``keeper.json``, then, after telling the launcher, the exit record's reserved
+   space and ``output.times``): the worker's start waits for no file system work, and its
+   output waits in its pipe meanwhile;
 4. appends every output byte to ``output.log`` (head kept up to the cap, the rest counted and
    dropped behind one marker line; bytes lost to a full disk are counted and marked when the
    disk accepts writes again), and notes in ``output.times`` when output arrived: a line
@@ -19,9 +22,10 @@ whoever launched it. What it does, in order:
    :data:`TIME_STEP` seconds, so ``dispatch logs --since/--timestamps`` can place lines in time;
 5. forwards SIGTERM/SIGINT/SIGHUP to the worker's group and enforces the session timeout itself
    (SIGTERM, grace, SIGKILL; inside its own scope also every other pid of its cgroup);
-6. writes ``exit.json`` (temp + fsync + rename, space reserved at start so a full disk cannot
-   stop it) as soon as the direct child exits, then keeps capturing what descendants still
-   write until EOF or the drain bound, and rewrites the record once more if bytes arrived;
+6. writes ``exit.json`` (temp + fsync + rename, space reserved before any output is read, so
+   a full disk cannot stop it) as soon as the direct child exits, then keeps capturing what
+   descendants still write until EOF or the drain bound, and rewrites the record once more if
+   bytes arrived;
 7. in PTY mode answers the terminal queries a worker may block on (:class:`TermResponder`)
    and keeps them out of the log.
 
@@ -500,7 +504,6 @@ class Keeper:
         self.out_fd = -1
         self.fifo_fd = -1
         self.reserve_fd = -1
-        self.info_fd = -1
         self.wake_r = -1
         self.wake_w = -1
         self.pending_stdin = b""
@@ -509,7 +512,9 @@ class Keeper:
     # -- start -----------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Signals, log, reserved exit record, stdin FIFO; before the worker exists."""
+        """Signals and the stdin FIFO: what the worker needs before it starts. Nothing is
+        created here: the keeper's files come after the worker started (:meth:`open_log`,
+        :meth:`open_records`), so a worker's start waits for no file system work."""
         for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGHUP):
             _signal.signal(sig, _signal.SIG_IGN)
         if self.ready_fd is not None:
@@ -530,26 +535,46 @@ class Keeper:
         # A launcher that blocks signals passes its mask on through exec: unblock, or SIGCHLD
         # and the stop signals would never reach the handlers above.
         _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+        try:
+            self.fifo_fd = posix.open(self.fifo_path, posix.O_RDWR | posix.O_NONBLOCK)
+        except OSError:
+            self.fifo_fd = -1
+
+    def open_log(self) -> None:
+        """The log, once the worker started (its output waits in the pipe, byte for byte, and
+        ``keeper.json`` never names a session without one)."""
         # Not O_APPEND: splice() refuses append-mode targets. We are the log's only writer
         # and keep the position ourselves.
-        self.log_fd = posix.open(self.log_path, posix.O_WRONLY | posix.O_CREAT, 0o600)
+        try:
+            self.log_fd = posix.open(self.log_path, posix.O_WRONLY | posix.O_CREAT, 0o600)
+        except OSError:
+            # No log, no keeper: the worker must not run on unrecorded (the registry reports
+            # the session lost, with this traceback from keeper.err).
+            if self.worker_pid and self.status is None:
+                self.signal_group(_signal.SIGKILL)
+                posix.waitpid(self.worker_pid, 0)
+            raise
         self.log_pos = self.stored = posix.fstat(self.log_fd).st_size
+
+    def open_records(self) -> None:
+        """The exit record's reserved space and the times file: after the launcher was told
+        the worker runs, before any output is read (a worker whose output fills the disk
+        cannot take the record's space)."""
+        if self.reserve_fd < 0:
+            self.reserve_fd = reserve(f"{self.exit_path}.tmp", RESERVE)
         try:
             self.times_fd = posix.open(
                 self.times_path, posix.O_WRONLY | posix.O_CREAT | posix.O_APPEND, 0o600
             )
         except OSError:
             self.times_fd = -1  # times are a convenience; the log does not depend on them
-        # The worker may fill the disk at once: both records get their space now.
-        self.reserve_fd = reserve(f"{self.exit_path}.tmp", RESERVE)
-        self.info_fd = reserve(f"{self.info_path}.tmp", RESERVE)
-        try:
-            self.fifo_fd = posix.open(self.fifo_path, posix.O_RDWR | posix.O_NONBLOCK)
-        except OSError:
-            self.fifo_fd = -1
 
     def start_worker(self) -> str | None:
-        """Fork and exec the worker; returns the reason it could not start, else None."""
+        """Fork and exec the worker; returns the reason it could not start, else None.
+
+        A plain fork: ``posix_spawn`` would be a tenth of the cost, but glibc's leaves its
+        two internal realtime signals ignored in the child (2.36), and the worker must start
+        with every disposition at its default."""
         err_r, err_w = posix.pipe()
         child_fds: list[int] = []
         if self.pty:
@@ -643,22 +668,10 @@ class Keeper:
             "started_at": self.started_at,
             "pty": self.pty,
         }
-        data = dumps(info).encode()
-        fd, self.info_fd = self.info_fd, -1
         try:
-            fill_reserved(fd, f"{self.info_path}.tmp", self.info_path, data, sync=False)
+            write_atomic(self.info_path, dumps(info), sync=False)
         except OSError:
             pass  # no keeper.json: the registry still has our pid and finds the worker by marker
-
-    def discard_info(self) -> None:
-        """No worker runs: drop the space reserved for keeper.json."""
-        if self.info_fd >= 0:
-            posix.close(self.info_fd)
-            self.info_fd = -1
-            try:
-                posix.unlink(f"{self.info_path}.tmp")
-            except OSError:
-                pass
 
     def signal_ready(self) -> None:
         """Tell the launcher (if it gave us a pipe) that keeper.json or exit.json exists."""
@@ -1336,13 +1349,14 @@ def main(argv: list[str]) -> int:
     keeper = Keeper(spec)
     keeper.prepare()
     failure = keeper.start_worker()
+    keeper.open_log()
     if failure is not None:
-        keeper.discard_info()
         keeper.write_record(state="failed_start", reason=failure, final=True)
         keeper.signal_ready()
         return 0
     keeper.publish_start()
     keeper.signal_ready()
+    keeper.open_records()
     return keeper.run()
 
 
