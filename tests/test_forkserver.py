@@ -396,3 +396,71 @@ def test_the_status_line_names_every_fallback_reason() -> None:
         "fork server not running, 812 forked; started the usual way: 3 (dead 2, timeout 1); "
         "restarted 1x"
     )
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(n) for n in text.split()]
+
+
+def _spare_of(server: ForkServer) -> int:
+    """The server's spare: its one child that is not a keeper yet (its cwd is still /)."""
+    assert server.pid is not None
+
+    def idle() -> list[int]:
+        return [
+            child
+            for child in _children(server.pid or 0)
+            if not gone(child) and os.readlink(f"/proc/{child}/cwd") == "/"
+        ]
+
+    found = wait_for(lambda: idle() or None, 5, what="the server's spare child")
+    assert found is not None and len(found) == 1
+    return found[0]
+
+
+def test_a_spawn_is_handed_to_the_child_forked_ahead_and_another_is_forked(
+    tmp_path: Path,
+) -> None:
+    with served(tmp_path) as (server, registry):
+        spare = _spare_of(server)
+        # Ahead of time: its own session already, holding no descriptor of the server's.
+        stat = read_stat(spare)
+        assert stat is not None and stat.session == spare
+        held = [os.readlink(f"/proc/{spare}/fd/{fd}") for fd in os.listdir(f"/proc/{spare}/fd")]
+        sockets = [link for link in held if link.startswith("socket:")]
+        # stdio, /dev/null and its end of the pair: not the listening socket, not the pair's
+        # other end, not the server's wake-up pipe
+        assert len(held) == 5 and len(sockets) == 1, held
+        server_sockets = {
+            os.readlink(f"/proc/{server.pid}/fd/{fd}")
+            for fd in os.listdir(f"/proc/{server.pid}/fd")
+        }
+        assert not set(sockets) & server_sockets
+        session = registry.spawn(request(SLEEPER))
+        assert session.keeper_pid == spare
+        assert server.stats().forked == 1 and server.stats().fallbacks == {}
+        assert _spare_of(server) != spare  # the next one is waiting already
+        registry.kill(session.id, grace=1.0)
+
+
+def test_a_dead_spare_costs_a_fork_and_nothing_else(tmp_path: Path) -> None:
+    argv, marks = counting(tmp_path)
+    with served(tmp_path) as (server, registry):
+        spare = _spare_of(server)
+        os.kill(spare, signal.SIGKILL)
+        wait_for(lambda: gone(spare), 5, what="the spare gone")
+        session = registry.spawn(request(argv))
+        assert session.keeper_pid != spare
+        assert registry.wait(session.id, timeout=15).snapshot.session.exit_code == 0
+        assert server.stats().forked == 1 and server.stats().fallbacks == {}
+        _spare_of(server)  # forked again after that answer
+    assert runs(marks) == 1
+
+
+def test_a_spare_ends_with_its_server_without_a_trace(tmp_path: Path) -> None:
+    with served(tmp_path) as (server, _registry):
+        spare = _spare_of(server)
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+        wait_for(lambda: gone(spare), 5, what="the spare gone with its server")

@@ -11,10 +11,10 @@ whoever launched it. What it does, in order:
 3. starts the worker in its own process group (pipe mode) or on a new PTY (PTY mode, where
    the worker leads its own session), with every signal at its default disposition and an
    empty signal mask (as systemd starts a service); a worker that cannot start yields an exit
-   record with state ``failed_start`` and the reason. Only then does it create its files
-   (the log and ``keeper.json``, then, after telling the launcher, the exit record's reserved
-   space and ``output.times``): the worker's start waits for no file system work, and its
-   output waits in its pipe meanwhile;
+   record with state ``failed_start`` and the reason. Its files come after the fork: the log
+   while the worker execs, then (after telling the launcher who runs, through the ready pipe)
+   ``keeper.json``, the exit record's reserved space and ``output.times``; the worker's start
+   waits for no file system work, and its output waits in its pipe meanwhile;
 4. appends every output byte to ``output.log`` (head kept up to the cap, the rest counted and
    dropped behind one marker line; bytes lost to a full disk are counted and marked when the
    disk accepts writes again), and notes in ``output.times`` when output arrived: a line
@@ -504,6 +504,7 @@ class Keeper:
         self.out_fd = -1
         self.fifo_fd = -1
         self.reserve_fd = -1
+        self.exec_report = -1
         self.wake_r = -1
         self.wake_w = -1
         self.pending_stdin = b""
@@ -541,8 +542,8 @@ class Keeper:
             self.fifo_fd = -1
 
     def open_log(self) -> None:
-        """The log, once the worker started (its output waits in the pipe, byte for byte, and
-        ``keeper.json`` never names a session without one)."""
+        """The log, once the worker was forked (its output waits in the pipe, byte for byte,
+        and ``keeper.json`` never names a session without one)."""
         # Not O_APPEND: splice() refuses append-mode targets. We are the log's only writer
         # and keep the position ourselves.
         try:
@@ -569,8 +570,8 @@ class Keeper:
         except OSError:
             self.times_fd = -1  # times are a convenience; the log does not depend on them
 
-    def start_worker(self) -> str | None:
-        """Fork and exec the worker; returns the reason it could not start, else None.
+    def fork_worker(self) -> None:
+        """Fork the worker, which execs at once; :meth:`worker_started` says whether it did.
 
         A plain fork: ``posix_spawn`` would be a tenth of the cost, but glibc's leaves its
         two internal realtime signals ignored in the child (2.36), and the worker must start
@@ -612,11 +613,16 @@ class Keeper:
         self.worker_start = start_time(pid)
         for fd in (err_w, *child_fds):
             posix.close(fd)
-        failure = _read_all(err_r)
-        posix.close(err_r)
+        self.exec_report = err_r
         posix.set_blocking(self.out_fd, False)
+
+    def worker_started(self) -> str | None:
+        """Wait until the worker exec'd; the reason it could not start, else None."""
+        failure = _read_all(self.exec_report)
+        posix.close(self.exec_report)
+        self.exec_report = -1
         if failure:
-            _, status = posix.waitpid(pid, 0)
+            _, status = posix.waitpid(self.worker_pid, 0)
             self.status = status
             self.finished_at = time.time()
             return _describe_failure(failure, self.argv[0], str(self.spec["cwd"]))
@@ -656,9 +662,9 @@ class Keeper:
                 pass
         posix._exit(127)
 
-    def publish_start(self) -> None:
-        """keeper.json: who runs (written once the worker runs)."""
-        info = {
+    def info(self) -> dict[str, Any]:
+        """Who runs: the document of ``keeper.json``."""
+        return {
             "version": FORMAT,
             "session": self.session,
             "keeper_pid": posix.getpid(),
@@ -668,17 +674,22 @@ class Keeper:
             "started_at": self.started_at,
             "pty": self.pty,
         }
+
+    def publish_start(self, info: dict[str, Any]) -> None:
+        """keeper.json: who runs (written once the worker runs)."""
         try:
             write_atomic(self.info_path, dumps(info), sync=False)
         except OSError:
             pass  # no keeper.json: the registry still has our pid and finds the worker by marker
 
-    def signal_ready(self) -> None:
-        """Tell the launcher (if it gave us a pipe) that keeper.json or exit.json exists."""
+    def signal_ready(self, info: dict[str, Any] | None = None) -> None:
+        """Tell the launcher (if it gave us a pipe): ``b"1"``, then who runs (the
+        ``keeper.json`` document, written next) when the worker started, else nothing more
+        (``exit.json`` exists then). One write, so it arrives whole."""
         if self.ready_fd is None:
             return
         try:
-            posix.write(self.ready_fd, b"1")
+            posix.write(self.ready_fd, b"1" + (dumps(info).encode() if info else b""))
         except OSError:
             pass
         try:
@@ -1348,14 +1359,16 @@ def main(argv: list[str]) -> int:
         posix.close(fd)
     keeper = Keeper(spec)
     keeper.prepare()
-    failure = keeper.start_worker()
-    keeper.open_log()
+    keeper.fork_worker()
+    keeper.open_log()  # while the worker execs
+    failure = keeper.worker_started()
     if failure is not None:
         keeper.write_record(state="failed_start", reason=failure, final=True)
         keeper.signal_ready()
         return 0
-    keeper.publish_start()
-    keeper.signal_ready()
+    info = keeper.info()
+    keeper.signal_ready(info)  # the launcher learns who runs from the pipe,
+    keeper.publish_start(info)  # everyone else from keeper.json
     keeper.open_records()
     return keeper.run()
 

@@ -12,15 +12,21 @@ One unix ``SOCK_SEQPACKET`` connection per spawn. The client sends one message: 
 (``spec``: the keeper's spec path, ``cwd``, ``env``, ``fds``: the descriptor number each passed
 descriptor must have in the keeper, 0-2 being its stdio) with the descriptors as
 ``SCM_RIGHTS``. The server checks the peer (``SO_PEERCRED``: our uid and the client's pid, so a
-stranger's connection is closed unanswered), forks, and answers ``{"pid": N, "start": T}`` (the
-child's kernel start time, read before the child can be reaped, so the pair names it) or
-``{"error": "..."}``. The child puts back the signal state the server started with (what a
-keeper exec'd by the same client starts with), starts its own session, puts the descriptors in
-place, closes every other one (nothing of the server, the client or another spawn reaches a
-keeper or its worker), and runs the keeper's ``main`` exactly as a freshly started keeper
-would; its first act there is to read its scope gate, so a child whose answer never reached
-the client (the server died between fork and reply) reads EOF and exits without doing
-anything.
+stranger's connection is closed unanswered), hands the request to a child, and answers
+``{"pid": N, "start": T}`` (the child's kernel start time, read before the child can be reaped,
+so the pair names it) or ``{"error": "..."}``.
+
+The child is forked ahead of time (a *spare*: one at a time, forked again after each answer),
+so a spawn waits for no fork: the spare puts back the signal state the server started with
+(what a keeper exec'd by the same client starts with), starts its own session, lets go of the
+listening socket and waits on its own socket pair for one request, which the server passes on
+with its descriptors. Without a live spare the server forks one for the request at once. The
+child then puts the descriptors in place, closes every other one (nothing of the server, the
+client or another spawn reaches a keeper or its worker), and runs the keeper's ``main``
+exactly as a freshly started keeper would; its first act there is to read its scope gate, so a
+child whose answer never reached the client (the server died between handing over and
+replying) reads EOF and exits without doing anything. A spare whose server died reads EOF on
+its socket pair and exits.
 
 The server reaps its children (they stay keepers after it is gone: reparented, never killed)
 and exits when its client does (EOF on its stdin, a pipe only the client holds) or on SIGTERM.
@@ -100,6 +106,9 @@ class Server:
         self.uid = posix.geteuid()
         self.fault = posix.environ.get(FAULT_ENV.encode(), b"").decode()
         self.sigchld: Any = _signal.SIG_DFL
+        self.mask: Any = set()
+        self.spare: tuple[int, int | None, _socket.socket] | None = None
+        """The child forked ahead of the next request: pid, start time, our end of its pair."""
         self.devnull = posix.open("/dev/null", posix.O_RDWR)
         self.wake_r, self.wake_w = posix.pipe()
         posix.set_blocking(self.wake_r, False)
@@ -127,6 +136,7 @@ class Server:
         poller.register(self.sock.fileno(), select.POLLIN)
         poller.register(self.wake_r, select.POLLIN)
         poller.register(0, select.POLLIN)
+        self.make_spare()
         while True:
             for fd, _event in poller.poll():
                 if fd == 0:
@@ -137,6 +147,7 @@ class Server:
                     self.reap()
                 else:
                     self.accept_all()
+                    self.make_spare()  # after the answers: the next spawn waits for no fork
 
     def reap(self) -> None:
         """Collect every child that ended (their records are the keepers' own business)."""
@@ -149,6 +160,9 @@ class Server:
                 continue
             if pid == 0:
                 return
+            if self.spare is not None and pid == self.spare[0]:
+                self.spare[2].close()
+                self.spare = None  # forked again after the next answer
 
     def accept_all(self) -> None:
         """Take every queued connection, one request each."""
@@ -183,11 +197,10 @@ class Server:
                 self.answer(conn, {"error": "refused (fault injected)"})
                 return
             self.crash_at("before_fork")
-            child = self.fork(request, fds)
+            child, start = self.hand_over(request, fds)
         finally:
             for fd in fds:
                 _close(fd)
-        start = self.keeper["start_time"](child)
         self.crash_at("after_fork")
         self.answer(conn, {"pid": child, "start": start})
         self.crash_at("after_reply")
@@ -204,30 +217,92 @@ class Server:
         if self.fault == point:
             posix.kill(posix.getpid(), _signal.SIGKILL)
 
-    def fork(self, request: dict[str, Any], fds: list[int]) -> int:
-        """Fork a keeper child (signals blocked across the fork, so no handler of ours runs in
-        the child before it has put the signal state back)."""
+    def hand_over(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int | None]:
+        """Give the request to the spare (or, without one, to a child forked now): its pid
+        and kernel start time."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            pid, start, pair = spare
+            try:
+                payload = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+                pair.sendmsg(
+                    [self.dumps(request).encode()],
+                    [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, payload)],
+                )
+                return pid, start
+            except OSError:
+                pass  # it died meanwhile (reaped later): fork one for this request
+            finally:
+                pair.close()
+        pid = self.fork(lambda: self.child(request, fds))
+        return pid, self.keeper["start_time"](pid)
+
+    def make_spare(self) -> None:
+        """Fork the child the next request goes to (see the module docstring); one that
+        cannot be made now is made after the next answer."""
+        if self.spare is not None:
+            return
+        try:
+            ours, theirs = _socket.socketpair(
+                _socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC
+            )
+        except OSError:
+            return
+        try:
+            pid = self.fork(lambda: self.wait_for_request(theirs, ours))
+        except OSError:
+            ours.close()
+            return
+        finally:
+            theirs.close()
+        self.spare = (pid, self.keeper["start_time"](pid), ours)
+
+    def fork(self, then: Any) -> int:
+        """Fork a child that runs ``then()`` and never returns (signals blocked across the
+        fork, so no handler of ours runs in the child before it has put the signal state
+        back)."""
         sys.stderr.flush()
         blocked = _signal.pthread_sigmask(_signal.SIG_BLOCK, _catchable())
+        self.mask = blocked
         try:
             pid = posix.fork()
             if pid == 0:
-                self.child(request, fds, blocked)  # never returns
+                then()  # never returns
         finally:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, blocked)
         return pid
 
-    def child(self, request: dict[str, Any], fds: list[int], mask: Any) -> None:
+    def reset(self) -> None:
+        """In a child: the signal state this interpreter started with, i.e. what a keeper
+        exec'd by the same client would start with (SIGCHLD as it was, no wakeup fd, the mask
+        the server runs with: it blocks signals only across a fork), its own session."""
+        _signal.set_wakeup_fd(-1)
+        _signal.signal(_signal.SIGCHLD, self.sigchld)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, self.mask)
+        posix.setsid()
+
+    def wait_for_request(self, pair: _socket.socket, server_end: _socket.socket) -> None:
+        """In a spare: let go of what is the server's (the listening socket, the wake-up
+        pipe, the pair's other end), then wait for one request (EOF: the server is gone, and
+        so are we, having done nothing)."""
+        try:
+            self.reset()
+            self.sock.close()
+            server_end.close()
+            for fd in (self.wake_r, self.wake_w):
+                _close(fd)
+            request, fds = _receive(pair, self.loads)
+        except BaseException:  # nothing may escape a forked child
+            posix._exit(0)
+        pair.close()
+        self.child(request, fds, reset=False)
+
+    def child(self, request: dict[str, Any], fds: list[int], *, reset: bool = True) -> None:
         """In the forked child: become a keeper exactly as a fresh one starts."""
         code = 1
         try:
-            # The signal state this interpreter started with, i.e. what a keeper exec'd by
-            # the same client would start with: SIGCHLD as it was, no wakeup fd, the mask the
-            # server runs with (it blocks signals only across the fork).
-            _signal.set_wakeup_fd(-1)
-            _signal.signal(_signal.SIGCHLD, self.sigchld)
-            _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
-            posix.setsid()
+            if reset:
+                self.reset()
             _place_fds(fds, [int(n) for n in request["fds"]], self.devnull)
             posix.chdir(str(request["cwd"]))
             _set_environ({str(k): str(v) for k, v in request["env"].items()})

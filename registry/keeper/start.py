@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import select
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 
 from registry.abc import SpawnRequest
+from registry.keeper.files import KeeperInfo
 from registry.store.database import UnsafeStatePath, check_private, ensure_private_dir
 from scope.foundation.errors import UsageError
 
@@ -155,13 +157,24 @@ def worker_argv(request: SpawnRequest) -> list[str]:
     return argv
 
 
-def await_ready(fd: int, timeout: float) -> bool:
-    """Wait for the keeper's ready byte; False on EOF (it died) or when the bound passed."""
+def await_ready(fd: int, timeout: float) -> tuple[bool, KeeperInfo | None]:
+    """Wait for the keeper's ready message: whether it came (False on EOF, when the keeper
+    died, or when the bound passed), and who runs when the worker started (the message
+    carries ``keeper.json``'s document, which the keeper writes next; None when the worker
+    could not start and ``exit.json`` says why, or when the document does not parse)."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     if not poller.poll(int(timeout * 1000)):
-        return False
+        return False, None
     try:
-        return os.read(fd, 1) == b"1"
+        message = os.read(fd, 4096)  # one write of at most PIPE_BUF bytes: whole
     except OSError:
-        return False
+        return False, None
+    if message[:1] != b"1":
+        return False, None
+    if len(message) == 1:
+        return True, None
+    try:
+        return True, KeeperInfo.from_json(json.loads(message[1:]))
+    except (ValueError, KeyError, TypeError):
+        return True, None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from registry.abc import SESSION_IDS, Session, SessionState, SpawnRequest
 from registry.environment import MARKER_ENV, SERVICE_ENV
 from registry.errors import RegistryError, SpawnRefused
-from registry.keeper.files import SessionDir, keeper_spec, sessions_root
+from registry.keeper.files import KeeperInfo, SessionDir, keeper_spec, sessions_root
 from registry.keeper.start import await_ready, keeper_command, worker_argv
 from registry.lifecycle.finalize import Finalizer
 from registry.lifecycle.parts import LaunchOptions, Parts
@@ -54,6 +54,8 @@ class _Start:
     keeper: Identity | None
     started: bool
     """The keeper signalled that the worker started (or failed to)."""
+    info: KeeperInfo | None
+    """Who runs, as the keeper's ready message said (None: it did not say)."""
 
     def keeper_ended(self) -> bool:
         """Whether the keeper is gone (ours: reaped now; else by pid and start time)."""
@@ -138,7 +140,7 @@ class Spawner:
             if launched.process is not None:
                 with parts.tracking.lock:
                     parts.tracking.children[draft.id] = launched.process
-            started = await_ready(ready_r, self.options.ready_timeout)
+            started, info = await_ready(ready_r, self.options.ready_timeout)
         finally:
             os.close(ready_r)
             if ready_w >= 0:
@@ -149,6 +151,7 @@ class Spawner:
             process=launched.process,
             keeper=keeper,
             started=started,
+            info=info,
         )
 
     def _draft(self, request: SpawnRequest, argv: list[str]) -> Session:
@@ -247,7 +250,7 @@ class Spawner:
         """Follow the started session, or settle one that ended (or never started)."""
         parts, process, sdir = self.parts, start.process, start.sdir
         following = parts.tracking.follower is not None
-        stored = self.reconciler.note_keeper_info(parts.load(start.session_id))
+        stored = self.reconciler.note_keeper_info(parts.load(start.session_id), start.info)
         if not start.started and not sdir.has_exit() and start.keeper_ended():
             # The keeper died before starting anything.
             reason = self.finalizer.lost_reason(stored, process)
