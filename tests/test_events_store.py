@@ -147,3 +147,16 @@ def test_a_v1_database_upgrades_and_keeps_its_sessions(tmp_path: Path) -> None:
                 "INSERT INTO registry_events (id, session_id, seq, type, owner, created_at)"
                 " VALUES (hex(randomblob(8)), 's_aaaaaaaaaaaa', 1, 'heartbeat', 'cli:x', 1)"
             )
+
+
+def test_update_and_get_changes_the_row_and_reads_it_back_in_one_go(tmp_path: Path) -> None:
+    from registry.store.sessions import Started
+
+    store = open_store(tmp_path)
+    add(store, "s_000000000001")
+    change = Started(worker_pid=4242, worker_start=77, started_at=3.5)
+    updated = store.update_and_get("s_000000000001", change)
+    assert updated is not None and updated == store.get("s_000000000001")
+    assert (updated.session.worker_pid, updated.session.worker_start) == (4242, 77)
+    assert updated.session.started_at == 3.5 and updated.session.keeper_pid is None
+    assert store.update_and_get("s_00000000dead", change) is None

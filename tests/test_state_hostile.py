@@ -138,3 +138,22 @@ def test_keeper_command_checks_before_every_use(tmp_path: Path) -> None:
     os.chmod(cache, 0o700)
     assert keeper_command(sys.executable, cache) == first
     assert KEEPER_SCRIPT.exists()
+
+
+def test_a_new_keeper_source_is_compiled_at_the_next_spawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hashes are skipped while every file is the one last compared; an upgraded source
+    # (another file at the same path) is noticed at the next spawn all the same.
+    import registry.keeper.start as start
+
+    source = tmp_path / "program.py"
+    source.write_bytes(KEEPER_SCRIPT.read_bytes())
+    monkeypatch.setattr(start, "KEEPER_SCRIPT", source)
+    cache = tmp_path / "cache"
+    first = keeper_command(sys.executable, cache)
+    assert keeper_command(sys.executable, cache) == first
+    source.write_bytes(KEEPER_SCRIPT.read_bytes() + b"\n# upgraded\n")
+    upgraded = keeper_command(sys.executable, cache)
+    assert upgraded != first and Path(upgraded[-1]).exists()
+    assert not Path(first[-1]).exists()  # the old bytecode was cleared away

@@ -7,7 +7,8 @@ directly). The source file is the fallback.
 
 That file is code we run, so it is trusted only as far as ssh trusts ``authorized_keys``: the
 cache dir must be ours, private and not a symlink, and the bytecode's hash must equal the one
-recorded when we compiled it from the current source (checked before every spawn; a mismatch is
+recorded when we compiled it from the current source (checked before every spawn: ownership and
+modes each time, the hashes whenever a file is not the very one last compared; a mismatch is
 rebuilt, a foreign-owned or writable file refused).
 """
 
@@ -21,6 +22,7 @@ import os
 import select
 import stat
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from registry.abc import SpawnRequest
@@ -46,7 +48,9 @@ def keeper_command(python: str | None = None, cache_dir: Path | None = None) -> 
     Called before every spawn: the bytecode is code we execute, so the cache dir must be a
     private directory (not a symlink) and the file ours, private and equal to what was
     compiled (:class:`~registry.store.database.UnsafeStatePath` otherwise; a mismatch is
-    rebuilt)."""
+    rebuilt). The hashes are compared again whenever the source, the bytecode or its record
+    is not the very file (inode, size, times) it was at the last comparison; the ownership
+    and modes are checked every time."""
     python = python or sys.executable
     if python == sys.executable and cache_dir is not None:
         compiled = _compiled_keeper(Path(cache_dir))
@@ -55,7 +59,44 @@ def keeper_command(python: str | None = None, cache_dir: Path | None = None) -> 
     return [python, "-I", "-S", str(KEEPER_SCRIPT)]
 
 
+_Identity = tuple[int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What the last full check of one cache dir found: the files' identities then."""
+
+    source: _Identity
+    target: Path
+    files: tuple[_Identity, _Identity]
+    """The bytecode's and its record's."""
+
+
+_checked: dict[Path, _Checked] = {}
+"""Per cache dir (a process spawns from one or two): the full check is repeated only when a
+file's identity changed since."""
+
+
+def _identity(info: os.stat_result) -> _Identity:
+    """Which file this is, and which version of it: a write changes the ctime (which no
+    user can set back), a replacement the inode."""
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
 def _compiled_keeper(cache_dir: Path) -> Path | None:
+    try:
+        source_info = os.stat(KEEPER_SCRIPT)
+    except OSError as err:
+        _log.debug("running the keeper from source: %s", err)
+        return None
+    # Refuses a symlinked, foreign or group/other-writable cache (raises UnsafeStatePath).
+    ensure_private_dir(cache_dir, allow_symlink=False)
+    known = _checked.get(cache_dir)
+    if known is not None and known.source == _identity(source_info):
+        # The same files as at the last full check, still private: the hashes would match.
+        files = _private_files(known.target)
+        if files == known.files:
+            return known.target
     try:
         source = KEEPER_SCRIPT.read_bytes()
     except OSError as err:
@@ -63,9 +104,9 @@ def _compiled_keeper(cache_dir: Path) -> Path | None:
         return None
     source_hash = hashlib.sha256(source).hexdigest()
     target = cache_dir / f"keeper-{source_hash[:16]}.{sys.implementation.cache_tag}.pyc"
-    # Refuses a symlinked, foreign or group/other-writable cache (raises UnsafeStatePath).
-    ensure_private_dir(cache_dir, allow_symlink=False)
-    if _verified(target, source_hash):
+    files = _private_files(target)  # before the hashes: a change after them shows next time
+    if files is not None and _verified(target, source_hash):
+        _checked[cache_dir] = _Checked(_identity(source_info), target, files)
         return target
     import py_compile  # only when compiling: it costs the CLI start-up time otherwise
 
@@ -74,6 +115,26 @@ def _compiled_keeper(cache_dir: Path) -> Path | None:
     except (OSError, py_compile.PyCompileError) as err:
         _log.debug("running the keeper from source: %s", err)
         return None
+
+
+def _private_files(target: Path) -> tuple[_Identity, _Identity] | None:
+    """The identities of the bytecode and its record, each checked private (raises
+    :class:`UnsafeStatePath` otherwise); None when either is missing."""
+    found = []
+    for path in (target, _record_path(target)):
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+            raise UnsafeStatePath(
+                str(path),
+                "is not a regular file",
+                remedy=f"remove it ('rm {path}'); dispatch compiles the keeper again",
+            )
+        check_private(path, info)
+        found.append(_identity(info))
+    return found[0], found[1]
 
 
 def _record_path(target: Path) -> Path:

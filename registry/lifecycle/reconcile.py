@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from registry.abc import Session
-from registry.keeper.files import KeeperInfo, SessionDir
+from registry.keeper.files import SessionDir
 from registry.lifecycle.finalize import Finalizer
 from registry.lifecycle.parts import Parts
 from registry.live.follower import Followed
@@ -81,16 +81,13 @@ class Reconciler:
             self.finalizer.settle(session.id, lost=self.finalizer.lost_reason(stored, child))
         return parts.load(session.id)
 
-    def note_keeper_info(
-        self, stored: StoredSession, info: KeeperInfo | None = None
-    ) -> StoredSession:
-        """Copy keeper.json's facts (``info`` when the caller has them already: the keeper's
-        ready message) into the row when it does not have them yet."""
+    def note_keeper_info(self, stored: StoredSession) -> StoredSession:
+        """Copy keeper.json's facts into the row when it does not have them yet; the row as
+        it is then."""
         session = stored.session
         if session.worker_pid is not None:
             return stored
-        if info is None:
-            info = SessionDir(Path(stored.dir)).read_keeper()
+        info = SessionDir(Path(stored.dir)).read_keeper()
         if info is None:
             return stored
         first = session.keeper_pid is None  # a row that never learned its keeper
@@ -101,8 +98,10 @@ class Reconciler:
             keeper_pid=info.keeper_pid if first else None,
             keeper_start=info.keeper_start if first else None,
         )
-        self.parts.store.update(session.id, change)
-        return self.parts.load(session.id)
+        updated = self.parts.store.update_and_get(session.id, change)
+        if updated is None:
+            return self.parts.load(session.id)  # gone meanwhile: says so (NotFoundError)
+        return updated
 
     def unit_alive(self, unit: str) -> bool:
         """Whether the unit still holds a process. A scope-layer failure (the manager may be

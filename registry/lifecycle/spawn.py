@@ -27,7 +27,7 @@ from registry.live.watch import parse_patterns
 from registry.proc.identity import Identity, alive
 from registry.proc.refusal import GatewayIdentity, gateway_kill_reason
 from registry.store.database import ensure_private_dir
-from registry.store.sessions import Placed
+from registry.store.sessions import Placed, Started
 from registry.usage import ResourceClass
 from scope.abc import GATE_ENV, Launched, LaunchSpec, Placement
 from scope.foundation.errors import UsageError
@@ -250,7 +250,17 @@ class Spawner:
         """Follow the started session, or settle one that ended (or never started)."""
         parts, process, sdir = self.parts, start.process, start.sdir
         following = parts.tracking.follower is not None
-        stored = self.reconciler.note_keeper_info(parts.load(start.session_id), start.info)
+        info = start.info
+        stored = None
+        if info is not None:  # the ready message said who runs: one write, one read
+            change = Started(
+                worker_pid=info.worker_pid,
+                worker_start=info.worker_start,
+                started_at=info.started_at,
+            )
+            stored = parts.store.update_and_get(start.session_id, change)
+        if stored is None:
+            stored = self.reconciler.note_keeper_info(parts.load(start.session_id))
         if not start.started and not sdir.has_exit() and start.keeper_ended():
             # The keeper died before starting anything.
             reason = self.finalizer.lost_reason(stored, process)
@@ -267,7 +277,8 @@ class Spawner:
             return self.finalizer.settle(start.session_id)
         if following:
             self.reconciler.follow(stored, process, fresh=True)
-        return self.reconciler.refresh(parts.load(start.session_id)).session
+            return stored.session  # the follower notices its end from here on
+        return self.reconciler.refresh(stored).session
 
 
 def _keeper_identity(launched: Launched) -> Identity | None:

@@ -242,6 +242,21 @@ class SessionStore:
         """Apply a change to a row (no state change; use :meth:`finalize` for that)."""
         self._set(session_id, change.columns())
 
+    def update_and_get(self, session_id: str, change: SessionChange) -> StoredSession | None:
+        """:meth:`update`, then the row as it is now, in one transaction."""
+        fields = change.columns()
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        with self.db.write() as conn:
+            conn.execute(
+                f"UPDATE registry_sessions SET {assignments} WHERE id = ?",  # noqa: S608 - names are ours
+                (*(_column_value(v) for v in fields.values()), session_id),
+            )
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM registry_sessions WHERE id = ?",  # noqa: S608
+                (session_id,),
+            ).fetchone()
+        return None if row is None else _row_to_stored(row)
+
     def _set(self, session_id: str, fields: Mapping[str, Any]) -> None:
         assignments = ", ".join(f"{name} = ?" for name in fields)
         with self.db.write() as conn:
