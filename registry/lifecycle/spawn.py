@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from registry.abc import SESSION_IDS, Session, SessionState, SpawnRequest
 from registry.environment import MARKER_ENV, SERVICE_ENV
 from registry.errors import RegistryError, SpawnRefused
-from registry.keeper.files import KeeperInfo, SessionDir, keeper_spec, sessions_root
+from registry.keeper.files import KeeperInfo, SessionDir, keeper_spec
 from registry.keeper.start import await_ready, keeper_command, worker_argv
 from registry.lifecycle.finalize import Finalizer
 from registry.lifecycle.parts import LaunchOptions, Parts
@@ -26,7 +26,6 @@ from registry.live.heartbeat import clamp_interval
 from registry.live.watch import parse_patterns
 from registry.proc.identity import Identity, alive
 from registry.proc.refusal import GatewayIdentity, gateway_kill_reason
-from registry.store.database import ensure_private_dir
 from registry.store.sessions import Placed, Started
 from registry.usage import ResourceClass
 from scope.abc import GATE_ENV, Launched, LaunchSpec, Placement
@@ -205,8 +204,7 @@ class Spawner:
             ready_fd=ready_w,
         )
         try:
-            ensure_private_dir(sessions_root(self.parts.state_dir))
-            sdir.create(spec)
+            sdir.create(spec)  # checks the sessions directory first
         except OSError as err:
             sdir.remove()
             raise RegistryError(

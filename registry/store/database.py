@@ -219,17 +219,25 @@ def ensure_private_dir(path: Path, *, allow_symlink: bool = True) -> Path:
     An existing directory must be owned by the running user and not writable by group or
     others (then refused with :class:`UnsafeStatePath`: another user could plant files the
     program trusts); one that is merely readable by others is tightened to 0700. With
-    ``allow_symlink=False`` the last component must not be a symlink (a cache of code)."""
+    ``allow_symlink=False`` the last component must not be a symlink (a cache of code).
+
+    Called at every spawn for the directories a spawn writes in, so an existing directory
+    costs one ``lstat`` (a symlink one more ``stat``); only a missing one is created."""
     path = Path(path)
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not allow_symlink and path.is_symlink():
-            raise UnsafeStatePath(
-                str(path),
-                "is a symlink",
-                remedy=f"remove the link ('rm {path}'); dispatch recreates the directory",
-            )
-        info = path.stat()
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = os.lstat(path)
+        if stat.S_ISLNK(info.st_mode):
+            if not allow_symlink:
+                raise UnsafeStatePath(
+                    str(path),
+                    "is a symlink",
+                    remedy=f"remove the link ('rm {path}'); dispatch recreates the directory",
+                )
+            info = path.stat()
     except OSError as err:
         raise StateDirUnusable.from_os_error(path, err, "cannot be created") from None
     if not stat.S_ISDIR(info.st_mode):
