@@ -34,6 +34,7 @@ import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -147,27 +148,27 @@ class SessionDir:
         """The directory of ``session_id`` under ``state_dir``."""
         return cls(sessions_root(state_dir) / session_id)
 
-    @property
+    @cached_property
     def spec(self) -> Path:
         return self.path / "spec.json"
 
-    @property
+    @cached_property
     def log(self) -> Path:
         return self.path / "output.log"
 
-    @property
+    @cached_property
     def keeper(self) -> Path:
         return self.path / "keeper.json"
 
-    @property
+    @cached_property
     def exit(self) -> Path:
         return self.path / "exit.json"
 
-    @property
+    @cached_property
     def stdin(self) -> Path:
         return self.path / "stdin"
 
-    @property
+    @cached_property
     def keeper_err(self) -> Path:
         return self.path / "keeper.err"
 

@@ -100,8 +100,20 @@ _COLUMNS = (
 _MARKS = ", ".join("?" * 44)
 
 
+def _loads(text: str | None, default: Any) -> Any:
+    """A stored JSON column (``default`` when NULL or empty); ``{}`` and ``[]`` without the
+    parser: a row is read at every spawn and settle, and most of its JSON columns are empty."""
+    if not text:
+        return default
+    if text == "{}":
+        return {}
+    if text == "[]":
+        return []
+    return json.loads(text)
+
+
 def _watch_of(text: str | None) -> tuple[WatchPattern, ...]:
-    items = json.loads(text or "[]")
+    items = _loads(text, [])
     return tuple(WatchPattern(pattern=str(i["pattern"]), regex=bool(i["regex"])) for i in items)
 
 
@@ -146,15 +158,15 @@ def _row_to_stored(row: sqlite3.Row) -> StoredSession:
         total_bytes=int(row["total_bytes"] or 0),
         dropped_bytes=int(row["dropped_bytes"] or 0),
         timeout=row["timeout"],
-        labels=json.loads(row["labels"] or "{}"),
+        labels=_loads(row["labels"], {}),
         warning=row["warning"],
         notify=bool(row["notify"]),
         heartbeat=row["heartbeat"],
         watch=_watch_of(row["watch"]),
         handoff_note=row["handoff_note"],
         handoff_from=Owner.parse(row["handoff_from"]) if row["handoff_from"] else None,
-        usage=Usage.from_json(json.loads(row["usage"] or "{}")),
-        resources=ResourceClass.from_json(json.loads(row["resources"] or "{}")),
+        usage=Usage.from_json(_loads(row["usage"], {})),
+        resources=ResourceClass.from_json(_loads(row["resources"], {})),
     )
     return StoredSession(
         session=session,
@@ -165,7 +177,7 @@ def _row_to_stored(row: sqlite3.Row) -> StoredSession:
         heartbeat_liveness=bool(row["heartbeat_liveness"]),
         hb_offset=int(row["hb_offset"] or 0),
         hb_at=row["hb_at"],
-        watch_state=json.loads(row["watch_state"] or "{}"),
+        watch_state=_loads(row["watch_state"], {}),
         emitter=row["emitter"],
     )
 
