@@ -253,6 +253,22 @@ def test_gate_eof_means_exit_without_touching_anything(keepers: KeeperRunner, sd
     assert not (sdir / "output.log").exists()
 
 
+@pytest.mark.parametrize("gate", [False, True])
+def test_a_spec_it_cannot_read_is_reported_only_past_the_gate(
+    keepers: KeeperRunner, sdir: Path, gate: bool
+) -> None:
+    # The spec is read before the gate (overlapping the placement); a keeper turned back
+    # there says nothing, one let through reports what went wrong, as before.
+    (sdir / "spec.json").write_text("{not json")
+    keeper = keepers.start(sdir / "spec.json", gate=gate)
+    try:
+        keeper.wait(10)
+        assert ("ValueError" in keeper.stderr) is gate, keeper.stderr
+    finally:
+        keeper.close()
+    assert not {"output.log", "exit.json", "keeper.json"} & set(os.listdir(sdir))
+
+
 def test_forwards_sigterm_and_survives_sighup(keepers: KeeperRunner, sdir: Path) -> None:
     keeper = start_on(keepers, sdir, spec_for(sdir, ["sh", "-c", "echo up; exec sleep 30"]))
     try:

@@ -4,8 +4,9 @@ Run as ``<python> -I -S registry/keeper/program.py <spec.json>`` (never imported
 registry). It lives in the worker's scope, so the worker's output and exit status survive
 whoever launched it. What it does, in order:
 
-1. honours the scope gate (``DISPATCH_SCOPE_GATE_FD``: read one byte; ``b"1"`` = go, anything
-   else or EOF = exit at once, before touching anything);
+1. reads its spec and opens the stdin FIFO (nothing is changed by that), then honours the
+   scope gate (``DISPATCH_SCOPE_GATE_FD``: read one byte; ``b"1"`` = go, anything else or EOF
+   = exit at once, before touching anything);
 2. ``setsid``; ignores SIGPIPE, SIGXFSZ and (until its handler is up) SIGHUP, so neither the
    launcher going away nor a full disk can kill it, and clears the signal mask it inherited;
 3. starts the worker in its own process group (pipe mode) or on a new PTY (PTY mode, where
@@ -513,8 +514,8 @@ class Keeper:
     # -- start -----------------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Signals and the stdin FIFO: what the worker needs before it starts. Nothing is
-        created here: the keeper's files come after the worker started (:meth:`open_log`,
+        """Signals: what the keeper needs before its worker starts. Nothing is created here:
+        the keeper's files come after the worker started (:meth:`open_log`,
         :meth:`open_records`), so a worker's start waits for no file system work."""
         for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGHUP):
             _signal.signal(sig, _signal.SIG_IGN)
@@ -536,6 +537,10 @@ class Keeper:
         # A launcher that blocks signals passes its mask on through exec: unblock, or SIGCHLD
         # and the stop signals would never reach the handlers above.
         _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+
+    def open_stdin(self) -> None:
+        """The stdin FIFO's keeper handle (read and write: the worker never sees EOF, and
+        writers from any process reach it); before the gate, as it changes nothing."""
         try:
             self.fifo_fd = posix.open(self.fifo_path, posix.O_RDWR | posix.O_NONBLOCK)
         except OSError:
@@ -1342,7 +1347,24 @@ def _gate() -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point: ``program.py SPEC``."""
+    """Entry point: ``program.py SPEC``.
+
+    Reading the spec and opening the stdin FIFO come before the gate: they change nothing,
+    and they overlap the placement the gate waits for; a failure there is reported only once
+    the gate said go (a keeper turned back leaves nothing, not even an error)."""
+    keeper: Keeper | None = None
+    early: Exception | None = None
+    if len(argv) == 2:
+        try:
+            fd = posix.open(argv[1], posix.O_RDONLY)
+            try:
+                spec = loads(_read_all(fd).decode())
+            finally:
+                posix.close(fd)
+            keeper = Keeper(spec)
+            keeper.open_stdin()
+        except Exception as err:  # reported after the gate, or not at all
+            early = err
     if not _gate():
         return 0
     if len(argv) != 2:
@@ -1352,12 +1374,9 @@ def main(argv: list[str]) -> int:
         posix.setsid()
     except OSError:
         pass  # already a session leader (started with start_new_session)
-    fd = posix.open(argv[1], posix.O_RDONLY)
-    try:
-        spec = loads(_read_all(fd).decode())
-    finally:
-        posix.close(fd)
-    keeper = Keeper(spec)
+    if early is not None:
+        raise early
+    assert keeper is not None
     keeper.prepare()
     keeper.fork_worker()
     keeper.open_log()  # while the worker execs
