@@ -36,7 +36,7 @@ from pathlib import Path
 
 from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.changes import FireChange
-from dispatcher.cron.decisions import Decider
+from dispatcher.cron.decisions import Batch, Decider
 from dispatcher.cron.errors import CronError
 from dispatcher.cron.firing import FireRunner, Settled
 from dispatcher.cron.hold import Hold, split_held, start_deadline
@@ -232,8 +232,10 @@ class CronScheduler:
                 if self._next_at.get(job_id, -math.inf) <= now
                 and (held is None or self._decide_held)
             ]
-            with self.ledger.transaction() as tx:
-                batch = self._decider.decide(tx, due, now)
+            batch = Batch()
+            if due:  # a tick a finished worker asked for often has nothing to decide
+                with self.ledger.transaction() as tx:
+                    batch = self._decider.decide(tx, due, now)
             committed = self.clock.time()
             for plan in due:
                 after = max(now, batch.watermarks.get(plan.job.id, now))
@@ -244,7 +246,7 @@ class CronScheduler:
             waits = [now + self.wake_interval, *pending, *retries, *self._next_at.values()]
             return TickReport(
                 now=now,
-                decided=tuple(self.ledger.get_many(batch.inserted)),
+                decided=tuple(self.ledger.get_many(batch.inserted)) if batch.inserted else (),
                 started=tuple(started),
                 settled=tuple(e.record for e in ended if not e.retrying),
                 retrying=tuple(e.record for e in ended if e.retrying),
