@@ -132,6 +132,7 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "dispatcher.paths",
             "dispatcher.timefmt",
             "dispatcher.buckets",
+            "dispatcher.rollup",
             "dispatcher.envfile",
             "dispatcher.commonsettings",
         ),

@@ -386,3 +386,21 @@ def test_in_cluster_mode_the_timeline_has_a_row_per_host(
         assert sorted(b["outcome"] for b in rects(charts, "runs")) == ["completed", "failed"]
     finally:
         board.close()
+
+
+def test_the_roller_stores_what_settled_and_the_charts_read_it(dash: Dash) -> None:
+    from dispatcher import rollup
+    from dispatcher.web.roller import Roller
+
+    # The seeded board in five-minute buckets, two hours and more ago: long settled.
+    start = (time.time() // 7200 - 2) * 7200
+    seed_small(dash.source.store, start=start, step=300.0)
+    win = Window(start=start, step=300.0, count=24)
+    counted = dash.source.store.run_buckets(win)
+    roller = Roller(dash.source, FakeClock(start + 7200 + rollup.SETTLE))
+    assert roller.round() > 0
+    assert roller.round() == 0
+    with dash.source.reader.db.read() as conn:
+        assert len(rollup.stored(conn, "runs", win)) == 24
+    assert dash.source.store.run_buckets(win) == counted
+    assert [b.total for b in counted[:3]] == [1, 1, 2]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dispatcher.cron.tables import DECIDED_INDEX
+from dispatcher.rollup import POSTGRES as HISTORY_ROLLUP
 
 BOARD = """
 CREATE TABLE kanban_cards (
@@ -236,6 +237,7 @@ MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (8, "ready cards with and without a back-off", READY_INDEXES),
     (9, "settled fires that never ran, by decision time", DECIDED_INDEX),
     (10, "runs' ready time; closed runs by end time", RUN_HISTORY),
+    (11, "the history rollup, kept exact", HISTORY_ROLLUP),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

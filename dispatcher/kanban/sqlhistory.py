@@ -22,13 +22,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from dispatcher import rollup
 from dispatcher.buckets import Bucket, Flows, Window, clamp
 from dispatcher.kanban import search
 from dispatcher.kanban.history import (
     DATA_KEYS,
     DEFERRED_CLOSE,
+    MEASURES,
     STATUS_KINDS,
     RunLine,
+    run_samples,
     run_tally,
     transition,
 )
@@ -39,6 +42,9 @@ from dispatcher.kanban.sql import SqlBoard, SqlConnection
 
 SKEW = 300.0
 """Seconds an event's time may run behind the one appended before it (see the docstring)."""
+ROLL_SPANS = 12
+"""Spans (two hours each) one :meth:`SqlHistory.roll_up` call stores at most, each in a write
+transaction of its own."""
 
 _STATUS_KINDS = ", ".join(f"'{k}'" for k in sorted(STATUS_KINDS))
 _DATA_KINDS = {
@@ -65,6 +71,8 @@ class SqlHistory(SqlBoard):
     """Appended to a text column in ``ORDER BY`` (PostgreSQL: byte order, as SQLite's)."""
     RUN_HOST = "NULL"
     """The column naming a run's host (cluster mode)."""
+    rollup_steps: tuple[float, ...] = rollup.STEPS
+    """The steps whose buckets :meth:`roll_up` stores (tests roll up shorter ones)."""
 
     def _bucket(self, column: str) -> str:
         return self.BUCKET.format(column=column)
@@ -72,20 +80,49 @@ class SqlHistory(SqlBoard):
     # -- charts ------------------------------------------------------------------------------
 
     def run_buckets(self, window: Window, *, assignee: str | None = None) -> list[Bucket]:
+        with self.db.read() as conn:
+            found = {
+                i: rollup.decode_split(text, assignee)
+                for i, text in self._stored(conn, "runs", window).items()
+            }
+            return rollup.assemble(window, found, lambda w: self._count_runs(conn, w, assignee))
+
+    def status_flows(self, window: Window) -> tuple[dict[str, int], list[Flows]]:
+        with self.db.read() as conn:
+            counts = dict.fromkeys((s.value for s in CardStatus), 0)
+            for row in conn.execute("SELECT status, count(*) FROM kanban_cards GROUP BY status"):
+                counts[str(row[0])] = int(row[1])
+            found = {
+                i: rollup.decode_flows(text)
+                for i, text in self._stored(conn, "flows", window).items()
+            }
+            return counts, rollup.assemble(window, found, lambda w: self._count_flows(conn, w))
+
+    def _stored(self, conn: SqlConnection, source: str, window: Window) -> dict[int, str]:
+        """The rolled-up answers of ``window``'s buckets (none unless its step is rolled up)."""
+        if not rollup.rolled(window, self.rollup_steps):
+            return {}
+        return rollup.stored(conn, source, window)
+
+    def _count_runs(
+        self, conn: SqlConnection, window: Window, assignee: str | None
+    ) -> list[Bucket]:
+        """:meth:`run_buckets` counted from the runs (one range of ``kanban_runs_closed``)."""
         join = ""
         params: list[Any] = [window.start, window.end]
         if assignee is not None:
             join = " JOIN kanban_cards c ON c.id = r.card_id AND c.assignee = ?"
             params = [assignee, *params]
-        with self.db.read() as conn:
-            rows = conn.execute(
-                "SELECT r.ended_at, r.outcome, r.claimed_at, r.started_at, r.ready_at"  # noqa: S608
-                f" FROM kanban_runs r{join} WHERE r.ended_at >= ? AND r.ended_at < ?",
-                params,
-            )
-            return run_tally(window, rows)
+        rows = conn.execute(
+            "SELECT r.ended_at, r.outcome, r.claimed_at, r.started_at, r.ready_at"  # noqa: S608
+            f" FROM kanban_runs r{join} WHERE r.ended_at >= ? AND r.ended_at < ?",
+            params,
+        )
+        return run_tally(window, rows)
 
-    def status_flows(self, window: Window) -> tuple[dict[str, int], list[Flows]]:
+    def _count_flows(self, conn: SqlConnection, window: Window) -> list[Flows]:
+        """:meth:`status_flows`' changes counted from the events (grouped in the database, over
+        the sequence numbers that can hold the window's times) and the deferred closes."""
         fields = ", ".join(
             "CASE WHEN e.kind IN ({}) THEN {} END".format(
                 ", ".join(f"'{k}'" for k in _DATA_KINDS[key]),
@@ -102,27 +139,69 @@ class SqlHistory(SqlBoard):
                 i = clamp(bucket, window)
                 flows[i][change] = flows[i].get(change, 0) + n
 
+        first = self._first_seq(conn, window.start - SKEW)
+        last = self._first_seq(conn, window.end + SKEW)
+        for row in conn.execute(
+            f"SELECT {b}, e.kind, {fields}, count(*) FROM kanban_events e"  # noqa: S608
+            f" WHERE e.seq >= ? AND e.seq < ? AND e.at >= ? AND e.at < ? AND e.kind IN ({kinds})"
+            f" GROUP BY {', '.join(str(1 + i) for i in range(2 + len(DATA_KEYS)))}",
+            [window.start, window.step, first, last, window.start, window.end],
+        ):
+            data = {k: v for k, v in zip(DATA_KEYS, row[2:-1], strict=True) if v is not None}
+            add(row[0], transition(str(row[1]), data), int(row[-1]))
+        rb = self._bucket("ended_at")
+        for row in conn.execute(
+            f"SELECT {rb}, count(*) FROM kanban_runs WHERE ended_at >= ? AND ended_at < ?"  # noqa: S608
+            " AND outcome = 'deferred' GROUP BY 1",
+            [window.start, window.step, window.start, window.end],
+        ):
+            add(row[0], transition(DEFERRED_CLOSE, {}), int(row[1]))
+        return flows
+
+    # -- the rollup --------------------------------------------------------------------------
+
+    def roll_up(self, now: float, *, spans: int = ROLL_SPANS) -> int:
         with self.db.read() as conn:
-            counts = dict.fromkeys((s.value for s in CardStatus), 0)
-            for row in conn.execute("SELECT status, count(*) FROM kanban_cards GROUP BY status"):
-                counts[str(row[0])] = int(row[1])
-            first = self._first_seq(conn, window.start - SKEW)
-            for row in conn.execute(
-                f"SELECT {b}, e.kind, {fields}, count(*) FROM kanban_events e"  # noqa: S608
-                f" WHERE e.seq >= ? AND e.at >= ? AND e.at < ? AND e.kind IN ({kinds})"
-                f" GROUP BY {', '.join(str(1 + i) for i in range(2 + len(DATA_KEYS)))}",
-                [window.start, window.step, first, window.start, window.end],
-            ):
-                data = {k: v for k, v in zip(DATA_KEYS, row[2:-1], strict=True) if v is not None}
-                add(row[0], transition(str(row[1]), data), int(row[-1]))
-            rb = self._bucket("ended_at")
-            for row in conn.execute(
-                f"SELECT {rb}, count(*) FROM kanban_runs WHERE ended_at >= ? AND ended_at < ?"  # noqa: S608
-                " AND outcome = 'deferred' GROUP BY 1",
-                [window.start, window.step, window.start, window.end],
-            ):
-                add(row[0], transition(DEFERRED_CLOSE, {}), int(row[1]))
-        return counts, flows
+            # Nothing before the oldest event: every card begins with one.
+            first = conn.execute("SELECT at FROM kanban_events ORDER BY seq LIMIT 1").fetchone()
+            oldest = None if first is None else float(first[0]) - SKEW
+            todo = rollup.todo(conn, ("runs", "flows"), now, self.rollup_steps, oldest)
+        stored = 0
+        for wanted in todo[: max(0, spans)]:
+            with self.db.write() as conn:
+                stored += self._roll_span(conn, wanted)
+                rollup.forget_before(conn, ("runs", "flows"), now - rollup.HORIZON)
+        return stored
+
+    def _roll_span(self, conn: SqlConnection, wanted: list[tuple[float, float]]) -> int:
+        """Count and store the answers of ``wanted`` buckets (one span's) that are still
+        missing, inside the caller's write transaction (see :mod:`dispatcher.rollup`)."""
+        fine = rollup.fine_window(wanted, self.rollup_steps)
+        missing = {
+            source: [
+                k for k in wanted if k not in rollup.present(conn, source, fine.start, fine.end)
+            ]
+            for source in ("runs", "flows")
+        }
+        stored = 0
+        if missing["runs"]:
+            rows = conn.execute(
+                "SELECT r.ended_at, r.outcome, r.claimed_at, r.started_at, r.ready_at, c.assignee"
+                " FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
+                " WHERE r.ended_at >= ? AND r.ended_at < ?",
+                [fine.start, fine.end],
+            ).fetchall()
+            keyed = zip(
+                (str(row[5]) for row in rows),
+                run_samples(tuple(row[:5]) for row in rows),
+                strict=True,
+            )
+            answers = rollup.split_answers(fine, MEASURES, keyed, missing["runs"])
+            stored += rollup.store(conn, "runs", answers)
+        if missing["flows"]:
+            answers = rollup.flow_answers(fine, self._count_flows(conn, fine), missing["flows"])
+            stored += rollup.store(conn, "flows", answers)
+        return stored
 
     @staticmethod
     def _first_seq(conn: SqlConnection, at: float) -> int:

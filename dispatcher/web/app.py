@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio.to_thread
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -33,6 +34,7 @@ from dispatcher.web.keys import Keys
 from dispatcher.web.live import Hub
 from dispatcher.web.metrics import metrics_registry
 from dispatcher.web.render import STATIC, Renderer
+from dispatcher.web.roller import Roller
 from dispatcher.web.site import Site
 from dispatcher.web.source import Source
 from scope.foundation.errors import DispatchError
@@ -164,9 +166,15 @@ def create_app(site: Site, *, api_only: bool = False) -> Guard:
         _log.exception("dispatch web: %s %s failed", request.method, request.url.path)
         return site.error(request, 500, "internal error", "see the log of dispatch web")
 
+    roller = None if api_only else Roller(site.source)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if roller is not None:
+            roller.start()
         yield
+        if roller is not None:
+            await anyio.to_thread.run_sync(roller.stop)
         await site.hub.close()
 
     app = Starlette(

@@ -1,0 +1,422 @@
+"""The history's rollup: the answers of settled buckets, kept in the database beside the rows
+they count.
+
+Counting a month of a busy board (a million runs, three million events) takes seconds however
+the counting is done; a month of answers is a few hundred rows. So the answer of every bucket
+of the rollup's steps (:data:`STEPS`: those of the 24 h, 7 d and 30 d charts and of the board's
+strip) is stored once the bucket has settled, and a read takes the stored answers and counts
+only the buckets that have none (:func:`assemble`): the newest ones, and any a write touched
+since.
+
+**Exact.** A stored answer is never stale. Every write that could change one deletes it in the
+same transaction: triggers on the rows it counts (:data:`SQLITE` and the cluster's twin,
+:data:`POSTGRES`) forget the buckets holding an appended or deleted event, a run closed,
+changed or deleted, the runs of a card whose assignee changed, a fire written or pruned. A
+roll-up reads the rows and stores the answers inside one write transaction that excludes every
+such write (SQLite's single writer; the board's or the ledger's advisory lock on PostgreSQL),
+so no write can land between the counting and the storing. A read therefore answers what
+counting the rows answers, whatever has been rolled up; the contract suites and a Hypothesis
+test that rolls up after every operation hold the stores to that.
+
+**Rebuilt on demand.** A missing answer is the normal case, not an error: a read counts those
+buckets itself. ``roll_up`` (board store and ledger; ``dispatch web`` calls it every minute)
+stores the answers of settled buckets of the last :data:`HORIZON` that have none, a
+:data:`SPAN` per transaction, newest first, and forgets older ones. The table holds nothing
+else, so it may be emptied at any time (a change of its format is a migration that drops it)
+and fills again.
+
+Sources: ``runs`` (the board's closed runs, all and per assignee), ``flows`` (the board's
+status changes) and ``fires`` (the cron ledger's settled fires, all and per job).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from dispatcher.buckets import Bucket, Flows, Sample, Spread, Window, bucket_of
+from registry.store.database import Component, Migration
+
+T = TypeVar("T")
+
+STEPS: tuple[float, ...] = (300.0, 1800.0, 3600.0, 7200.0)
+"""The steps whose buckets are rolled up: the 24 h, 7 d and 30 d charts' and the board's strip
+(the 1 h chart's 15 s buckets hold an hour of rows: counted every time)."""
+
+
+def span_of(steps: Sequence[float]) -> float:
+    """What one roll-up transaction covers at most: the least common multiple of ``steps``
+    (whole seconds, each a multiple of the finest), so the buckets of every step lie inside one
+    span or another."""
+    if any(s != int(s) or s % min(steps) for s in steps):
+        raise ValueError(f"rollup steps must be whole multiples of the finest: {steps}")
+    return float(math.lcm(*(int(s) for s in steps)))
+
+
+SPAN = span_of(STEPS)
+"""Two hours."""
+SETTLE = 300.0
+"""Seconds after its end before a bucket is rolled up: a bucket still filling would be
+forgotten again at its next write, and a writer's clock may run this far behind the others'
+(:data:`dispatcher.kanban.sqlhistory.SKEW`)."""
+HORIZON = 31 * 86400.0
+"""How far back answers are kept: the longest chart's range and a day."""
+
+TABLE = """
+CREATE TABLE history_rollup (
+    source text NOT NULL,
+    step double precision NOT NULL,
+    bucket_start double precision NOT NULL,
+    bucket_end double precision NOT NULL,
+    answer text NOT NULL,
+    PRIMARY KEY (source, step, bucket_start)
+);
+CREATE INDEX history_rollup_end ON history_rollup (source, bucket_end);
+"""
+"""The rollup's table, in words both databases read alike (SQLite: REAL and TEXT)."""
+
+
+def _forget(sources: Sequence[str], at: str) -> str:
+    """SQLite statements deleting the ``sources``' answers of the bucket holding ``at``."""
+    return "".join(
+        f"    DELETE FROM history_rollup WHERE source = '{source}'"  # noqa: S608
+        f" AND bucket_end > {at} AND bucket_start <= {at};\n"
+        for source in sources
+    )
+
+
+_FIRE_TIME = "(CASE WHEN {row}.status = 'done' THEN coalesce({row}.ended_at, {row}.decided_at) END)"
+"""When a fire row counts (:func:`dispatcher.cron.history.fire_time`); NULL while it does not."""
+
+_SQLITE_TRIGGERS = f"""
+CREATE TRIGGER history_event_added AFTER INSERT ON kanban_events
+BEGIN
+{_forget(["flows"], "NEW.at")}END;
+CREATE TRIGGER history_event_deleted AFTER DELETE ON kanban_events
+BEGIN
+{_forget(["flows"], "OLD.at")}END;
+CREATE TRIGGER history_run_added AFTER INSERT ON kanban_runs WHEN NEW.ended_at IS NOT NULL
+BEGIN
+{_forget(["runs", "flows"], "NEW.ended_at")}END;
+CREATE TRIGGER history_run_changed AFTER UPDATE ON kanban_runs
+    WHEN NEW.ended_at IS NOT NULL OR OLD.ended_at IS NOT NULL
+BEGIN
+{_forget(["runs", "flows"], "NEW.ended_at")}{_forget(["runs", "flows"], "OLD.ended_at")}END;
+CREATE TRIGGER history_run_deleted AFTER DELETE ON kanban_runs WHEN OLD.ended_at IS NOT NULL
+BEGIN
+{_forget(["runs", "flows"], "OLD.ended_at")}END;
+CREATE TRIGGER history_card_reassigned AFTER UPDATE OF assignee ON kanban_cards
+    WHEN OLD.assignee IS NOT NEW.assignee
+BEGIN
+    DELETE FROM history_rollup WHERE rowid IN (
+        SELECT h.rowid FROM kanban_runs r JOIN history_rollup h ON h.source = 'runs'
+        AND h.bucket_end > r.ended_at AND h.bucket_start <= r.ended_at
+        WHERE r.card_id = NEW.id AND r.ended_at IS NOT NULL);
+END;
+CREATE TRIGGER history_fire_added AFTER INSERT ON cron_fires
+BEGIN
+{_forget(["fires"], _FIRE_TIME.format(row="NEW"))}END;
+CREATE TRIGGER history_fire_changed AFTER UPDATE ON cron_fires
+BEGIN
+{_forget(["fires"], _FIRE_TIME.format(row="NEW"))}\
+{_forget(["fires"], _FIRE_TIME.format(row="OLD"))}END;
+CREATE TRIGGER history_fire_deleted AFTER DELETE ON cron_fires
+BEGIN
+{_forget(["fires"], _FIRE_TIME.format(row="OLD"))}END;
+"""  # noqa: S608
+SQLITE = TABLE + _SQLITE_TRIGGERS
+"""The table and its triggers in the SQLite state (the ``history`` component)."""
+
+_PG_TRIGGERS = """
+CREATE FUNCTION history_forget(sources text[], at double precision) RETURNS void
+    LANGUAGE sql AS $$
+    DELETE FROM history_rollup
+     WHERE source = ANY (sources) AND bucket_end > at AND bucket_start <= at
+$$;
+CREATE FUNCTION history_event_written() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM history_forget(ARRAY['flows'], OLD.at);
+    ELSE
+        PERFORM history_forget(ARRAY['flows'], NEW.at);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER history_event_written AFTER INSERT OR DELETE ON kanban_events
+    FOR EACH ROW EXECUTE FUNCTION history_event_written();
+CREATE FUNCTION history_run_written() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        PERFORM history_forget(ARRAY['runs', 'flows'], OLD.ended_at);
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        PERFORM history_forget(ARRAY['runs', 'flows'], NEW.ended_at);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER history_run_added AFTER INSERT ON kanban_runs
+    FOR EACH ROW WHEN (NEW.ended_at IS NOT NULL) EXECUTE FUNCTION history_run_written();
+CREATE TRIGGER history_run_changed AFTER UPDATE ON kanban_runs
+    FOR EACH ROW WHEN (NEW.ended_at IS NOT NULL OR OLD.ended_at IS NOT NULL)
+    EXECUTE FUNCTION history_run_written();
+CREATE TRIGGER history_run_deleted AFTER DELETE ON kanban_runs
+    FOR EACH ROW WHEN (OLD.ended_at IS NOT NULL) EXECUTE FUNCTION history_run_written();
+CREATE FUNCTION history_card_reassigned() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM history_rollup h USING kanban_runs r
+     WHERE r.card_id = NEW.id AND r.ended_at IS NOT NULL AND h.source = 'runs'
+       AND h.bucket_end > r.ended_at AND h.bucket_start <= r.ended_at;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER history_card_reassigned AFTER UPDATE OF assignee ON kanban_cards
+    FOR EACH ROW WHEN (OLD.assignee IS DISTINCT FROM NEW.assignee)
+    EXECUTE FUNCTION history_card_reassigned();
+CREATE FUNCTION history_fire_written() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' AND OLD.status = 'done' THEN
+        PERFORM history_forget(ARRAY['fires'], coalesce(OLD.ended_at, OLD.decided_at));
+    END IF;
+    IF TG_OP <> 'DELETE' AND NEW.status = 'done' THEN
+        PERFORM history_forget(ARRAY['fires'], coalesce(NEW.ended_at, NEW.decided_at));
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER history_fire_written AFTER INSERT OR UPDATE OR DELETE ON cron_fires
+    FOR EACH ROW EXECUTE FUNCTION history_fire_written();
+"""
+POSTGRES = TABLE + _PG_TRIGGERS
+"""The same in the cluster database (a step of :data:`dispatcher.cluster.tables.MIGRATIONS`)."""
+
+COMPONENT = Component(
+    name="history",
+    migrations=[Migration(version=1, apply=SQLITE, note="the history rollup, kept exact")],
+)
+"""The rollup in the SQLite state, after the board's and the ledger's tables it watches
+(listed in :func:`dispatcher.app.database.components`)."""
+
+
+# -- which buckets -----------------------------------------------------------------------------
+
+
+def rolled(window: Window, steps: Sequence[float]) -> bool:
+    """Whether ``window``'s buckets are among those rolled up (one of ``steps``, aligned)."""
+    return window.step in steps and window.start % window.step == 0
+
+
+def plan(
+    present: Iterable[tuple[float, float]],
+    now: float,
+    steps: Sequence[float] = STEPS,
+    *,
+    oldest: float,
+    settle: float = SETTLE,
+    horizon: float = HORIZON,
+) -> list[list[tuple[float, float]]]:
+    """Per span (:func:`span_of`), newest first, the ``(step, start)`` of its settled buckets
+    (ended ``settle`` seconds before ``now``; from the span holding ``oldest``, the time of the
+    oldest row, or ``horizon`` before ``now`` if that is later) that are not ``present``."""
+    span = span_of(steps)
+    have = set(present)
+    cut = now - settle
+    first = math.floor(max(now - horizon, oldest) / span) * span
+    todo = []
+    lo = math.floor(cut / span) * span
+    while lo >= first:
+        wanted = [
+            (step, start)
+            for step in steps
+            for start in (lo + step * k for k in range(int(span // step)))
+            if start + step <= cut and (step, start) not in have
+        ]
+        if wanted:
+            todo.append(wanted)
+        lo -= span
+    return todo
+
+
+def assemble(window: Window, found: Mapping[int, T], count: Callable[[Window], list[T]]) -> list[T]:
+    """Every bucket's answer: the ``found`` ones (by bucket number), the others counted by
+    ``count`` one run of consecutive buckets at a time."""
+    answers: list[T] = []
+    i = 0
+    while i < window.count:
+        if i in found:
+            answers.append(found[i])
+            i += 1
+            continue
+        j = i
+        while j < window.count and j not in found:
+            j += 1
+        answers += count(window.part(i, j - i))
+        i = j
+    return answers
+
+
+# -- reading and writing the table -------------------------------------------------------------
+
+
+def stored(conn: Any, source: str, window: Window) -> dict[int, str]:
+    """The stored answers of ``window``'s buckets, by bucket number."""
+    rows = conn.execute(
+        "SELECT bucket_start, answer FROM history_rollup WHERE source = ? AND step = ?"
+        " AND bucket_start >= ? AND bucket_start < ?",
+        [source, window.step, window.start, window.end],
+    ).fetchall()
+    edges = {start: i for i, start in enumerate(window.edges())}
+    return {edges[row[0]]: str(row[1]) for row in rows if row[0] in edges}
+
+
+def present(conn: Any, source: str, since: float, until: float) -> set[tuple[float, float]]:
+    """``(step, start)`` of the stored answers of buckets starting in ``[since, until)``."""
+    rows = conn.execute(
+        "SELECT step, bucket_start FROM history_rollup WHERE source = ?"
+        " AND bucket_start >= ? AND bucket_start < ?",
+        [source, since, until],
+    ).fetchall()
+    return {(float(row[0]), float(row[1])) for row in rows}
+
+
+def store(conn: Any, source: str, answers: Iterable[tuple[float, float, str]]) -> int:
+    """Store ``(step, start, answer)`` rows (one already there is kept); how many."""
+    count = 0
+    for step, start, answer in answers:
+        conn.execute(
+            "INSERT INTO history_rollup (source, step, bucket_start, bucket_end, answer)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [source, step, start, start + step, answer],
+        )
+        count += 1
+    return count
+
+
+def forget_before(conn: Any, sources: Sequence[str], at: float) -> None:
+    """Forget the ``sources``' answers of buckets that ended before ``at`` (past the horizon)."""
+    for source in sources:
+        conn.execute("DELETE FROM history_rollup WHERE source = ? AND bucket_end < ?", [source, at])
+
+
+def todo(
+    conn: Any, sources: Sequence[str], now: float, steps: Sequence[float], oldest: float | None
+) -> list[list[tuple[float, float]]]:
+    """:func:`plan` for the buckets any of ``sources`` lacks, a list per span (none when there
+    are no rows: ``oldest`` None)."""
+    if oldest is None:
+        return []
+    span = span_of(steps)
+    since = now - HORIZON - span
+    missing: dict[tuple[float, float], None] = {}
+    for source in sources:
+        have = present(conn, source, since, now)
+        for buckets in plan(have, now, steps, oldest=oldest):
+            missing.update(dict.fromkeys(buckets))
+    spans: dict[float, list[tuple[float, float]]] = {}
+    for step, start in missing:
+        spans.setdefault(math.floor(start / span) * span, []).append((step, start))
+    return [spans[lo] for lo in sorted(spans, reverse=True)]
+
+
+def fine_window(wanted: Sequence[tuple[float, float]], steps: Sequence[float]) -> Window:
+    """The buckets of the finest of ``steps`` that tile every ``wanted`` ``(step, start)``
+    bucket: each of the rolled-up steps is a multiple of the finest one."""
+    fine = min(steps)
+    first = min(start for _, start in wanted)
+    last = max(start + step for step, start in wanted)
+    return Window(start=first, step=fine, count=round((last - first) / fine))
+
+
+def _tiles(fine: Window, step: float, start: float) -> range:
+    """The numbers of ``fine``'s buckets that make up the bucket ``(step, start)``."""
+    first = round((start - fine.start) / fine.step)
+    return range(first, first + round(step / fine.step))
+
+
+def split_answers(
+    fine: Window,
+    measures: Sequence[str],
+    keyed: Iterable[tuple[str, Sample]],
+    wanted: Iterable[tuple[float, float]],
+) -> list[tuple[float, float, str]]:
+    """The ``wanted`` buckets' answers (:func:`encode_split`) of ``(key, sample)`` rows: each
+    sample is placed once in its bucket of ``fine``, and a coarser bucket takes the samples of
+    the fine ones it is made of (a time lies in the same bucket either way: the difference to
+    an aligned start is exact, and so is its division into whole buckets)."""
+    tiles: dict[int, dict[str, list[Sample]]] = {}
+    for key, sample in keyed:
+        i = fine.index(sample[0])
+        if i is not None:
+            tiles.setdefault(i, {}).setdefault(key, []).append(sample)
+    answers = []
+    for step, start in wanted:
+        mine: dict[str, list[Sample]] = {}
+        for i in _tiles(fine, step, start):
+            for key, samples in tiles.get(i, {}).items():
+                mine.setdefault(key, []).extend(samples)
+        whole = bucket_of(measures, (s for samples in mine.values() for s in samples))
+        parts = {key: bucket_of(measures, samples) for key, samples in mine.items()}
+        answers.append((step, start, encode_split(whole, parts)))
+    return answers
+
+
+def flow_answers(
+    fine: Window, flows: Sequence[Flows], wanted: Iterable[tuple[float, float]]
+) -> list[tuple[float, float, str]]:
+    """The ``wanted`` buckets' status changes (:func:`encode_flows`), summed from ``fine``'s."""
+    answers = []
+    for step, start in wanted:
+        total: dict[tuple[str, str], int] = {}
+        for i in _tiles(fine, step, start):
+            for change, n in flows[i].items():
+                total[change] = total.get(change, 0) + n
+        answers.append((step, start, encode_flows(total)))
+    return answers
+
+
+# -- answers as text ---------------------------------------------------------------------------
+
+
+def _spread(spread: Spread) -> list[Any]:
+    return [spread.count, *spread.values]
+
+
+def _bucket(bucket: Bucket) -> list[Any]:
+    return [dict(bucket.counts), {name: _spread(s) for name, s in bucket.spreads.items()}]
+
+
+def _unbucket(data: list[Any]) -> Bucket:
+    counts, spreads = data
+    return Bucket(
+        {str(k): int(v) for k, v in counts.items()},
+        {name: Spread(int(s[0]), tuple(s[1:])) for name, s in spreads.items()},
+    )
+
+
+def encode_split(whole: Bucket, parts: Mapping[str, Bucket]) -> str:
+    """One bucket's answer, whole and split by a key (assignee, job): parts that counted
+    nothing are left out."""
+    return json.dumps(
+        {"all": _bucket(whole), "by": {k: _bucket(b) for k, b in parts.items() if b.counts}},
+        separators=(",", ":"),
+    )
+
+
+def decode_split(text: str, key: str | None) -> Bucket:
+    """The bucket :func:`encode_split` stored, whole (``key`` None) or of one ``key`` (an
+    empty bucket when that key counted nothing)."""
+    data = json.loads(text)
+    if key is None:
+        return _unbucket(data["all"])
+    if key in data["by"]:
+        return _unbucket(data["by"][key])
+    return Bucket({}, {name: Spread() for name in data["all"][1]})
+
+
+def encode_flows(flows: Flows) -> str:
+    """One bucket's status changes."""
+    return json.dumps([[a, b, n] for (a, b), n in flows.items()], separators=(",", ":"))
+
+
+def decode_flows(text: str) -> Flows:
+    """The status changes :func:`encode_flows` stored."""
+    return {(str(a), str(b)): int(n) for a, b, n in json.loads(text)}
