@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -63,6 +64,9 @@ forgotten again at its next write, and a writer's clock may run this far behind 
 (:data:`dispatcher.kanban.sqlhistory.SKEW`)."""
 HORIZON = 31 * 86400.0
 """How far back answers are kept: the longest chart's range and a day."""
+BUSY = 0.05
+"""Seconds one roll-up transaction goes on taking spans for (at least one): a sparse month
+costs a few transactions, a busy one a span each, so the write lock is never held long."""
 
 TABLE = """
 CREATE TABLE history_rollup (
@@ -268,14 +272,20 @@ def stored(conn: Any, source: str, window: Window) -> dict[int, str]:
     return {edges[row[0]]: str(row[1]) for row in rows if row[0] in edges}
 
 
-def present(conn: Any, source: str, since: float, until: float) -> set[tuple[float, float]]:
-    """``(step, start)`` of the stored answers of buckets starting in ``[since, until)``."""
-    rows = conn.execute(
-        "SELECT step, bucket_start FROM history_rollup WHERE source = ?"
-        " AND bucket_start >= ? AND bucket_start < ?",
-        [source, since, until],
-    ).fetchall()
-    return {(float(row[0]), float(row[1])) for row in rows}
+def present(
+    conn: Any, source: str, steps: Sequence[float], since: float, until: float
+) -> set[tuple[float, float]]:
+    """``(step, start)`` of the stored answers of buckets of ``steps`` starting in
+    ``[since, until)`` (a range of the primary key per step)."""
+    found: set[tuple[float, float]] = set()
+    for step in steps:
+        rows = conn.execute(
+            "SELECT bucket_start FROM history_rollup WHERE source = ? AND step = ?"
+            " AND bucket_start >= ? AND bucket_start < ?",
+            [source, step, since, until],
+        ).fetchall()
+        found.update((step, float(row[0])) for row in rows)
+    return found
 
 
 def store(conn: Any, source: str, answers: Iterable[tuple[float, float, str]]) -> int:
@@ -308,13 +318,35 @@ def todo(
     since = now - HORIZON - span
     missing: dict[tuple[float, float], None] = {}
     for source in sources:
-        have = present(conn, source, since, now)
+        have = present(conn, source, steps, since, now)
         for buckets in plan(have, now, steps, oldest=oldest):
             missing.update(dict.fromkeys(buckets))
     spans: dict[float, list[tuple[float, float]]] = {}
     for step, start in missing:
         spans.setdefault(math.floor(start / span) * span, []).append((step, start))
     return [spans[lo] for lo in sorted(spans, reverse=True)]
+
+
+def roll(
+    db: Any,
+    todo: Sequence[list[tuple[float, float]]],
+    one: Callable[[Any, list[tuple[float, float]]], int],
+    sources: Sequence[str],
+    now: float,
+) -> int:
+    """Store the answers of the ``todo`` spans, ``one(conn, wanted)`` a span, in write
+    transactions of ``db`` that take spans for :data:`BUSY` seconds each and forget the
+    ``sources``' answers past the horizon; how many were stored."""
+    stored = 0
+    left = list(todo)
+    while left:
+        with db.write() as conn:
+            begun, taken = time.perf_counter(), 0
+            while left and (not taken or time.perf_counter() - begun < BUSY):
+                stored += one(conn, left.pop(0))
+                taken += 1
+            forget_before(conn, sources, now - HORIZON)
+    return stored
 
 
 def fine_window(wanted: Sequence[tuple[float, float]], steps: Sequence[float]) -> Window:

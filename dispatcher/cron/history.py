@@ -152,22 +152,21 @@ class SqlFireHistory:
             first = conn.execute("SELECT decided_at FROM cron_fires ORDER BY id LIMIT 1").fetchone()
             oldest = None if first is None else float(first[0]) - rollup.span_of(self.rollup_steps)
             todo = rollup.todo(conn, ("fires",), now, self.rollup_steps, oldest)
-        stored = 0
-        for wanted in todo[: max(0, spans)]:
-            with self.db.write() as conn:
-                fine = rollup.fine_window(wanted, self.rollup_steps)
-                have = rollup.present(conn, "fires", fine.start, fine.end)
-                missing = [bucket for bucket in wanted if bucket not in have]
-                rows = self._fire_rows(conn, fine, None)
-                keyed = zip(
-                    (str(row[7]) for row in rows),
-                    fire_samples(tuple(row[:7]) for row in rows),
-                    strict=True,
-                )
-                answers = rollup.split_answers(fine, MEASURES, keyed, missing)
-                stored += rollup.store(conn, "fires", answers)
-                rollup.forget_before(conn, ("fires",), now - rollup.HORIZON)
-        return stored
+        return rollup.roll(self.db, todo[: max(0, spans)], self._roll_span, ("fires",), now)
+
+    def _roll_span(self, conn: Any, wanted: list[tuple[float, float]]) -> int:
+        """Count and store the answers of ``wanted`` buckets (one span's) that are still
+        missing, inside the caller's write transaction (see :mod:`dispatcher.rollup`)."""
+        fine = rollup.fine_window(wanted, self.rollup_steps)
+        have = rollup.present(conn, "fires", self.rollup_steps, fine.start, fine.end)
+        missing = [bucket for bucket in wanted if bucket not in have]
+        rows = self._fire_rows(conn, fine, None)
+        keyed = zip(
+            (str(row[7]) for row in rows),
+            fire_samples(tuple(row[:7]) for row in rows),
+            strict=True,
+        )
+        return rollup.store(conn, "fires", rollup.split_answers(fine, MEASURES, keyed, missing))
 
     def fires_in(
         self,

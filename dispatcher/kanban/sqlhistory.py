@@ -166,23 +166,16 @@ class SqlHistory(SqlBoard):
             first = conn.execute("SELECT at FROM kanban_events ORDER BY seq LIMIT 1").fetchone()
             oldest = None if first is None else float(first[0]) - SKEW
             todo = rollup.todo(conn, ("runs", "flows"), now, self.rollup_steps, oldest)
-        stored = 0
-        for wanted in todo[: max(0, spans)]:
-            with self.db.write() as conn:
-                stored += self._roll_span(conn, wanted)
-                rollup.forget_before(conn, ("runs", "flows"), now - rollup.HORIZON)
-        return stored
+        return rollup.roll(self.db, todo[: max(0, spans)], self._roll_span, ("runs", "flows"), now)
 
     def _roll_span(self, conn: SqlConnection, wanted: list[tuple[float, float]]) -> int:
         """Count and store the answers of ``wanted`` buckets (one span's) that are still
         missing, inside the caller's write transaction (see :mod:`dispatcher.rollup`)."""
         fine = rollup.fine_window(wanted, self.rollup_steps)
-        missing = {
-            source: [
-                k for k in wanted if k not in rollup.present(conn, source, fine.start, fine.end)
-            ]
-            for source in ("runs", "flows")
-        }
+        missing = {}
+        for source in ("runs", "flows"):
+            have = rollup.present(conn, source, self.rollup_steps, fine.start, fine.end)
+            missing[source] = [bucket for bucket in wanted if bucket not in have]
         stored = 0
         if missing["runs"]:
             rows = conn.execute(

@@ -22,10 +22,11 @@ from scope.foundation.errors import DispatchError
 EVERY = 60.0
 """Seconds between two rounds once the rollup is current (buckets settle a minute after
 their end: the newest are a round late at most)."""
-PAUSE = 0.2
+PAUSE = 0.1
 """Seconds between two batches while catching up."""
-BATCH = 6
-"""Spans (two hours of history each) one store rolls up per batch."""
+BATCH = 48
+"""Spans (two hours of history each) one store rolls up per batch: four days, in write
+transactions of :data:`dispatcher.rollup.BUSY` seconds at most (a span at least)."""
 
 _log = logging.getLogger("dispatch.web")
 

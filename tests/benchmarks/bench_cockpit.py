@@ -2,11 +2,14 @@
 dashboards polling the charts cost the gateway.
 
 (a) *charts*: a state dir with 30 days of history (1,000,000 runs of 100,000 cards, their
-events, 50,000 cron fires; written by :mod:`tests.benchmarks.history`) served by a real
-``dispatch web``. Figures from the server's own ``Server-Timing``: the first load of the 30-day
-charts page (every bucket read from the store), then the p50 of warm loads, one every 0.4 s
-for long enough that the newest buckets' cache (5 s) expires several times in between, so the
-figure includes those re-reads. The 24-hour page (the default) is reported the same way.
+events, 50,000 cron fires; written by :mod:`tests.benchmarks.history`) and its rollup
+(:mod:`dispatcher.rollup`), built as a ``dispatch web`` running through that month would have
+kept it; building it from nothing (what a state upgraded with a month of history costs once,
+in the background) is a figure of its own. Then a real ``dispatch web`` serves it. Figures from
+the server's own ``Server-Timing``: the first load of the 30-day charts page (nothing cached in
+the process), then the p50 of warm loads, one every 0.4 s for long enough that the newest
+buckets' cache (5 s) expires several times in between, so the figure includes those re-reads.
+The 24-hour page (the default) is reported the same way.
 
 (b) *search*: ``GET /search`` over the same 100,000 cards, a mix of what an operator types (no
 filter, a title word, a status, an assignee with words, an id prefix, ``changed:24h``, a word
@@ -50,6 +53,7 @@ DESCRIPTION = (
 )
 
 TARGET_MS = 200.0
+TARGET_FIRST_MS = 1000.0
 TARGET_SLOWDOWN = 1.10
 DASHBOARDS = 50
 EVERY = 5.0
@@ -90,6 +94,7 @@ def _history_rows(runs: int, cards: int, loads: int) -> list[Row]:
         fill(state, runs=runs, cards=cards, days=30, now=time.time(), fires=runs // 20)
         built = time.perf_counter() - built
         load_before = _load()
+        rolled, stored = _roll_up(state)
         web = WebProcess(root / "config.yaml", state, no_bus_env(root), timeout=300)
         try:
             first = _server(web.url + "/charts?range=30d")
@@ -109,23 +114,53 @@ def _history_rows(runs: int, cards: int, loads: int) -> list[Row]:
     scale = f"{runs:,} runs of {cards:,} cards over 30 days"
     return [
         Row(
+            figure=f"web: rollup of 30 days, {runs:,} runs, built from nothing",
+            value=rolled,
+            unit="s",
+            note=f"{stored:,} bucket answers, in write transactions of two hours of history "
+            f"each (once, in the background, after an upgrade); history written in {built:.0f} s;"
+            f" {load_before}",
+        ),
+        Row(
             figure=f"web: charts page, 30 days, {runs:,} runs, first load (server time)",
             value=first,
             unit="ms",
-            note=f"every bucket read from the store once; history written in {built:.0f} s; "
-            f"{load_before}",
+            target=f"<= {TARGET_FIRST_MS:g} ms",
+            met=first <= TARGET_FIRST_MS,
+            note=f"a new dispatch web: settled buckets from the rollup, the newest counted; "
+            f"{scale}; {_load()}",
         ),
         _row(f"web: charts page, 30 days, {runs:,} runs, warm, server time p50", month, scale),
         Row(
             figure="web: charts page, 24 h (the default), first load (server time)",
             value=day_first,
             unit="ms",
+            target=f"<= {TARGET_FIRST_MS:g} ms",
+            met=day_first <= TARGET_FIRST_MS,
             note=scale,
         ),
         _row("web: charts page, 24 h, warm, server time p50", day, scale),
         _row(f"web: search over {cards:,} cards, server time p50", found, f"{len(QUERIES)} queries "
              "and a sort by title, mixed; " + scale),
     ]  # fmt: skip
+
+
+def _roll_up(state: Path) -> tuple[float, int]:
+    """Build the rollup of ``state`` from nothing, as ``dispatch web`` does in the background
+    (its batches, without the pauses); seconds and answers stored."""
+    from dispatcher.app.database import open_state
+    from dispatcher.cron.ledger import Ledger
+    from dispatcher.kanban.store import SqliteBoardStore
+    from dispatcher.web.roller import BATCH
+
+    started = time.perf_counter()
+    stored = 0
+    with open_state(state) as db:
+        board, ledger = SqliteBoardStore(db), Ledger(db)
+        now = time.time()
+        while more := board.roll_up(now, spans=BATCH) + ledger.roll_up(now, spans=BATCH):
+            stored += more
+    return time.perf_counter() - started, stored
 
 
 def _row(figure: str, times: list[float], what: str) -> Row:
