@@ -15,6 +15,7 @@ from dispatcher.commonsettings import (
     pty_setting,
     resources_setting,
     shell_setting,
+    uses_setting,
 )
 from dispatcher.cron.crontab import parse as parse_crontab
 from dispatcher.cron.errors import CronExpressionError
@@ -122,6 +123,7 @@ class CronJob:
         doc="argv run after a failed, timed-out or refused fire, with the fire's details in "
         "DISPATCH_* environment variables.",
     )
+    uses: tuple[str, ...] = uses_setting()
 
     def check(self) -> None:
         """Cross-key rules: exactly one of schedule/every; string commands need shell."""
