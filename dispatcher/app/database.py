@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dispatcher.cron.tables import COMPONENT as CRON_COMPONENT
 from dispatcher.kanban.tables import COMPONENT as KANBAN_COMPONENT
+from dispatcher.launch.tables import COMPONENT as LIMITS_COMPONENT
 from dispatcher.notify.tables import COMPONENT as NOTIFY_COMPONENT
 from registry.store.database import Component, StateDB
 from registry.store.tables import COMPONENT as REGISTRY_COMPONENT
@@ -18,7 +19,13 @@ from registry.store.tables import COMPONENT as REGISTRY_COMPONENT
 
 def components() -> list[Component]:
     """All components, lowest package first."""
-    return [REGISTRY_COMPONENT, KANBAN_COMPONENT, CRON_COMPONENT, NOTIFY_COMPONENT]
+    return [
+        REGISTRY_COMPONENT,
+        KANBAN_COMPONENT,
+        CRON_COMPONENT,
+        NOTIFY_COMPONENT,
+        LIMITS_COMPONENT,
+    ]
 
 
 def open_state(state_dir: Path) -> StateDB:

@@ -49,6 +49,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 PRIORITY = int_arg(-(10**9), 10**9)
 FAILURE_LIMIT = int_arg(1, 10**6)
 CARD_HELP = "card id or a unique prefix (at least 4 characters)"
+GROUP_HELP = "the card's group (a customer, a tenant): claims take turns between groups"
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -61,29 +62,14 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         command.set_defaults(handler=handler)
         return command
 
-    add = sub("add", "Add a card; prints its id.", handle_add)
-    add.add_argument("title", metavar="TITLE", help="the card's title")
-    add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
-    _body_options(add)
-    add.add_argument("--priority", type=PRIORITY, default=0, metavar="N", help="higher = sooner")
-    add.add_argument(
-        "--parent",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="a card that must be done first (repeatable)",
-    )
-    add.add_argument("--idempotency-key", metavar="K", help="adding the same key again is a no-op")
-    add.add_argument(
-        "--failure-limit", type=FAILURE_LIMIT, metavar="N", help="override kanban.failure_limit"
-    )
+    _add_options(sub("add", "Add a card; prints its id.", handle_add))
 
     _list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
 
     show = sub("show", "Show a card with its runs and events.", handle_show)
     show.add_argument("id", metavar="ID", help=CARD_HELP)
 
-    edit = sub("edit", "Change a card's title, body, priority or assignee.", handle_edit)
+    edit = sub("edit", "Change a card's title, body, priority, assignee or group.", handle_edit)
     edit.add_argument("id", metavar="ID", help=CARD_HELP)
     edit.add_argument("--title", help="a new title")
     _body_options(edit)
@@ -97,6 +83,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         metavar="N",
         help="override kanban.failure_limit for it",
     )
+    edit.add_argument("--group", metavar="G", help=GROUP_HELP + " ('' for none)")
 
     tick = sub("tick", "Run one dispatcher pass (for a Type=oneshot unit or cron).", handle_tick)
     tick.add_argument("--max", type=int_arg(0, 10**6), metavar="N", help="claim at most N cards")
@@ -157,6 +144,26 @@ def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
     when.add_argument("--for", dest="for_", metavar="DURATION", help="from now (5m, 1h30m)")
     when.add_argument("--until", metavar="TIME", help="an ISO-8601 time (local without offset)")
     defer.add_argument("--reason", default="", metavar="TEXT", help="why, for the operator")
+
+
+def _add_options(add: Parser) -> None:
+    """``kanban add``'s title and options."""
+    add.add_argument("title", metavar="TITLE", help="the card's title")
+    add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
+    _body_options(add)
+    add.add_argument("--priority", type=PRIORITY, default=0, metavar="N", help="higher = sooner")
+    add.add_argument(
+        "--parent",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a card that must be done first (repeatable)",
+    )
+    add.add_argument("--idempotency-key", metavar="K", help="adding the same key again is a no-op")
+    add.add_argument(
+        "--failure-limit", type=FAILURE_LIMIT, metavar="N", help="override kanban.failure_limit"
+    )
+    add.add_argument("--group", metavar="G", help=GROUP_HELP)
 
 
 def _list_options(ls: Parser) -> None:
@@ -300,6 +307,7 @@ def handle_add(args: argparse.Namespace, ctx: Context) -> int:
         parents=args.parent,
         idempotency_key=args.idempotency_key,
         failure_limit=args.failure_limit,
+        group=args.group,
     )
     if ctx.json:
         ctx.emit_json({"id": card.id})
@@ -374,11 +382,13 @@ def handle_edit(args: argparse.Namespace, ctx: Context) -> int:
         priority=args.priority,
         assignee=args.assignee,
         failure_limit=args.failure_limit,
+        group=args.group,
     )
     if not edit.changed():
         raise UsageError(
             "nothing to change",
-            remedy="give --title, --body, --body-file, --priority, --assignee or --failure-limit",
+            remedy="give --title, --body, --body-file, --priority, --assignee, --failure-limit "
+            "or --group",
         )
     workspace = _workspace(ctx)
     card = workspace.board.edit(args.id, edit, now=workspace.now())

@@ -35,7 +35,7 @@ from dispatcher.cluster.faults import ClusterFault
 from dispatcher.cluster.wake import CHANNEL
 from dispatcher.kanban import rules
 from dispatcher.kanban.abc import Claim, ClaimVerdict
-from dispatcher.kanban.model import EventKind, Limits, Run
+from dispatcher.kanban.model import Card, EventKind, Limits, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, RUN_IDS, card_of, db_value, run_of
 from dispatcher.kanban.sql import SqlConnection
 from dispatcher.kanban.store import SqlBoardStore
@@ -88,7 +88,8 @@ def _claim_sql() -> str:
         " WHERE id = ? AND status = 'ready' AND current_run_id IS NULL RETURNING id),"
         " event AS (INSERT INTO kanban_events (card_id, run_id, kind, at, data)"
         " SELECT id, ?, ?, ?, ? FROM card),"
-        " bump AS (UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version')"
+        " bump AS (UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version'),"
+        " turn AS (UPDATE kanban_meta SET value = ? WHERE key = 'round' AND value < ?)"
         " SELECT run.*, (SELECT count(*) FROM card) AS cas, pg_notify(?, '')::text AS woke"
         " FROM run"
     )
@@ -191,13 +192,14 @@ class PgBoardStore(SqlBoardStore):
             if refusal is not None:
                 return Claim(verdict=refusal)
             self.fault.reach("claim_counted")
-            run = self._insert_claim(conn, card_id, int(facts["attempts"]) + 1, now, claimer)
+            run = self._insert_claim(conn, card, int(facts["attempts"]) + 1, now, claimer)
         return Claim(verdict=ClaimVerdict.CLAIMED, run=run)
 
     def _insert_claim(
-        self, conn: SqlConnection, card_id: str, attempt: int, now: float, claimer: Claimant
+        self, conn: SqlConnection, card: Card, attempt: int, now: float, claimer: Claimant
     ) -> Run:
         stamp = self.stamp
+        card_id = card.id
         run_id = RUN_IDS.new()
         fields = rules.claimed_fields(run_id, now)
         data = json.dumps({"attempt": attempt, "claimer_pid": claimer.pid})
@@ -220,6 +222,8 @@ class PgBoardStore(SqlBoardStore):
                 EventKind.CLAIMED.value,
                 now,
                 data,
+                card.turn,
+                card.turn,
                 CHANNEL,
             ),
         ).fetchone()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dispatcher.launch.tables import HOLDS_TABLE
+
 BOARD = """
 CREATE TABLE kanban_cards (
     id text PRIMARY KEY,
@@ -179,12 +181,27 @@ CREATE INDEX cron_fires_ended ON cron_fires (ended_at);
 """
 """Runs and fires by end time: the web's charts read one time range of each."""
 
+GROUPS = """
+ALTER TABLE kanban_cards ADD COLUMN group_name text;
+ALTER TABLE kanban_cards ADD COLUMN turn bigint NOT NULL DEFAULT 0;
+DROP INDEX kanban_cards_pick;
+CREATE INDEX kanban_cards_queue ON kanban_cards (priority DESC, turn, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL;
+CREATE INDEX kanban_cards_group ON kanban_cards (group_name, turn);
+INSERT INTO kanban_meta (key, value) VALUES ('round', 0);
+""" + HOLDS_TABLE.format(
+    id="bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY", text="text", real="double precision"
+)
+"""Card groups, their turns and the claim order's index (the SQLite ``kanban`` component's
+v4), and the named limits' holds (the SQLite ``limits`` component)."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
     (3, "the claimant's boot id", "ALTER TABLE kanban_runs ADD COLUMN claimer_boot text;"),
     (4, "the notification outbox", OUTBOX),
     (5, "runs and fires by end time", HISTORY_INDEXES),
+    (6, "card groups and named limits", GROUPS),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from dispatcher.kanban import notices, rules
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.model import Card, EventKind, Run
-from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, card_of, db_value, run_of
+from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, COLUMN_OF, card_of, db_value, run_of
 from dispatcher.launch.outbox import Outbox
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
@@ -31,7 +31,7 @@ UNDONE_PARENTS_SQL = (
     " OR (pc.status = 'archived' AND pc.completed_at IS NOT NULL))"
 )
 WAITING_SQL = (
-    "SELECT c.id FROM kanban_cards c WHERE c.status = 'todo' AND NOT EXISTS ("
+    "SELECT c.id, c.group_name FROM kanban_cards c WHERE c.status = 'todo' AND NOT EXISTS ("
     " SELECT 1 FROM kanban_parents p JOIN kanban_cards pc ON pc.id = p.parent_id"
     " WHERE p.card_id = c.id AND NOT (pc.status = 'done'"
     " OR (pc.status = 'archived' AND pc.completed_at IS NOT NULL)))"
@@ -99,7 +99,7 @@ class SqlBoard(BoardStore):
         if unknown:
             raise ValueError(f"unknown card fields {sorted(unknown)}")
         values = {**fields, "updated_at": now}
-        assignments = ", ".join(f"{name} = ?" for name in values)
+        assignments = ", ".join(f"{COLUMN_OF.get(name, name)} = ?" for name in values)
         conn.execute(
             f"UPDATE kanban_cards SET {assignments} WHERE id = ?",  # noqa: S608 - names checked
             (*(db_value(v) for v in values.values()), card_id),
@@ -151,6 +151,26 @@ class SqlBoard(BoardStore):
     def _host_open_count(self, conn: SqlConnection) -> int | None:
         """Open runs of this host (cluster mode), None where there is only one host."""
         return None
+
+    @staticmethod
+    def _turn(conn: SqlConnection, group: str | None) -> int:
+        """The turn of a card joining ``group``'s queue now (:func:`rules.turn_for`): two
+        lookups on the group index and the meta table."""
+        if group is None:
+            row = conn.execute("SELECT max(turn) FROM kanban_cards WHERE group_name IS NULL")
+        else:
+            row = conn.execute("SELECT max(turn) FROM kanban_cards WHERE group_name = ?", (group,))
+        last = row.fetchone()[0]
+        round_ = conn.execute("SELECT value FROM kanban_meta WHERE key = 'round'").fetchone()
+        return rules.turn_for(None if last is None else int(last), int(round_[0]))
+
+    @staticmethod
+    def _advance_round(conn: SqlConnection, card: Card) -> None:
+        """The board's round after ``card`` was claimed (:func:`rules.round_after`)."""
+        conn.execute(
+            "UPDATE kanban_meta SET value = ? WHERE key = 'round' AND value < ?",
+            (card.turn, card.turn),
+        )
 
     @staticmethod
     def _open_count(conn: SqlConnection, card: Card | None = None) -> int:

@@ -13,6 +13,7 @@ id-prefix match). See :mod:`dispatcher.kanban.abc` for the contract.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -77,8 +78,8 @@ class SqlBoardStore(SqlBoard):
                     break
             conn.execute(
                 "INSERT INTO kanban_cards (id, title, body, assignee, status, priority,"
-                " created_at, updated_at, idempotency_key, failure_limit)"
-                " VALUES (?, ?, ?, ?, 'todo', ?, ?, ?, ?, ?)",
+                " created_at, updated_at, idempotency_key, failure_limit, group_name, turn)"
+                " VALUES (?, ?, ?, ?, 'todo', ?, ?, ?, ?, ?, ?, ?)",
                 (
                     card_id,
                     new.title,
@@ -89,6 +90,8 @@ class SqlBoardStore(SqlBoard):
                     now,
                     new.idempotency_key,
                     new.failure_limit,
+                    new.group,
+                    self._turn(conn, new.group),
                 ),
             )
             for parent in dict.fromkeys(new.parents):
@@ -157,6 +160,9 @@ class SqlBoardStore(SqlBoard):
             change = rules.edit_change(card, edit)
             if change is None:
                 return card
+            if rules.joins_queue(card, change.fields):
+                turn = self._turn(conn, change.fields["group"])
+                change = dataclasses.replace(change, fields={**change.fields, "turn": turn})
             return self._apply(conn, card_id, change, now)
 
     # -- runs and events ---------------------------------------------------------------------
@@ -239,7 +245,8 @@ class SqlBoardStore(SqlBoard):
         done: list[tuple[str, EventKind]] = []
         with self.db.write() as conn:
             for row in conn.execute(waiting_sql).fetchall():
-                self._update(conn, row[0], {"status": CardStatus.READY}, now)
+                fields = {"status": CardStatus.READY, "turn": self._turn(conn, row[1])}
+                self._update(conn, row[0], fields, now)
                 self._event(conn, row[0], EventKind.PROMOTED, {"reason": "parents done"}, now)
                 done.append((row[0], EventKind.PROMOTED))
             for row in conn.execute(expired_sql, (now,)).fetchall():
@@ -255,18 +262,27 @@ class SqlBoardStore(SqlBoard):
     def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
         where, params = "", []
         if after is not None:
-            # Keyset paging in the order of the pick index: (priority DESC, created_at, id).
+            # Keyset paging in the claim order (the queue index): (priority DESC, turn,
+            # created_at, id).
             where = (
-                " AND (priority < ? OR (priority = ? AND (created_at > ?"
-                " OR (created_at = ? AND id > ?))))"
+                " AND (priority < ? OR (priority = ? AND (turn > ? OR (turn = ? AND (created_at > ?"
+                " OR (created_at = ? AND id > ?))))))"
             )
-            params = [after.priority, after.priority, after.created_at, after.created_at, after.id]
+            params = [
+                after.priority,
+                after.priority,
+                after.turn,
+                after.turn,
+                after.created_at,
+                after.created_at,
+                after.id,
+            ]
         tail = "" if limit is None else f" LIMIT {int(limit)}"
         with self.db.read() as conn:
             rows = conn.execute(
                 f"SELECT {CARD_COLUMNS} FROM kanban_cards"  # noqa: S608 - constant
                 f" WHERE status = 'ready' AND current_run_id IS NULL{where}"
-                f" ORDER BY priority DESC, created_at, id{tail}",
+                f" ORDER BY priority DESC, turn, created_at, id{tail}",
                 params,
             ).fetchall()
         return [card_of(row, ()) for row in rows]
@@ -310,6 +326,7 @@ class SqlBoardStore(SqlBoard):
                 (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot),
             )
             self._stamp(conn, run_id)
+            self._advance_round(conn, card)
             cursor = conn.execute(
                 "UPDATE kanban_cards SET status = 'running', current_run_id = ?, started_at = ?,"
                 " updated_at = ?, cooldown_until = NULL, retry_at = NULL"
@@ -455,7 +472,10 @@ class SqlBoardStore(SqlBoard):
             rules.refuse_with_open_run(card, "move")
             if card.status is status:
                 return card
-            self._update(conn, card_id, move_fields(card, status, now), now)
+            fields = move_fields(card, status, now)
+            if rules.joins_queue(card, fields):
+                fields["turn"] = self._turn(conn, card.group)
+            self._update(conn, card_id, fields, now)
             self._event(
                 conn,
                 card_id,

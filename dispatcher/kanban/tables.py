@@ -83,6 +83,17 @@ CREATE TABLE kanban_meta (
 INSERT INTO kanban_meta (key, value) VALUES ('board_version', 0), ('paused', 0);
 """
 
+GROUPS = """
+ALTER TABLE kanban_cards ADD COLUMN group_name TEXT;
+ALTER TABLE kanban_cards ADD COLUMN turn INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX kanban_cards_queue ON kanban_cards (priority DESC, turn, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL;
+CREATE INDEX kanban_cards_group ON kanban_cards (group_name, turn);
+INSERT INTO kanban_meta (key, value) VALUES ('round', 0);
+"""
+"""Card groups (v4): the group, the card's turn in its group's queue, the claim order's index
+(priority, turn, age) and the board's round (the highest turn claimed so far)."""
+
 COMPONENT = Component(
     name="kanban",
     migrations=[
@@ -97,6 +108,7 @@ COMPONENT = Component(
             apply="CREATE INDEX kanban_runs_ended ON kanban_runs (ended_at);",
             note="runs by end time (the web's charts read a time range)",
         ),
+        Migration(version=4, apply=GROUPS, note="card groups and their turns"),
     ],
 )
 """The kanban board's tables; listed in :func:`dispatcher.app.database.components`."""

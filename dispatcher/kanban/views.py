@@ -32,6 +32,7 @@ def card_json(card: Card) -> dict[str, Any]:
         "title": card.title,
         "body": card.body,
         "assignee": card.assignee,
+        "group": card.group,
         "status": card.status.value,
         "priority": card.priority,
         "created_at": iso(card.created_at),
@@ -161,7 +162,7 @@ def card_table(
     whose assignee is not among ``assignees`` ends with :data:`UNCONFIGURED_NOTE`."""
     view = times or TimeView.local()
     lines = [
-        f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'FAILS':>5}  "
+        f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'GROUP':<12}  {'FAILS':>5}  "
         f"{'UPDATED':<10}  TITLE"
     ]
     for card in cards:
@@ -170,6 +171,7 @@ def card_table(
             status += f"({card.block_kind.value})"
         lines.append(
             f"{card.id:<12}  {status:<8}  {card.priority:>4}  {_cut(card.assignee, 12):<12}  "
+            f"{_cut(card.group or '-', 12):<12}  "
             f"{card.consecutive_failures:>5}  {view.ago(card.updated_at):<10}  "
             f"{_cut(card.title, 60)}{backing_off(card, view.now)}"
             + (f"  {UNCONFIGURED_NOTE}" if unconfigured(card, assignees) else "")
@@ -211,7 +213,9 @@ def show_text(
         f"status    {card.status.value}"
         + (f" ({card.block_kind.value})" if card.block_kind else "")
         + (f" until {view.both(card.blocked_until)}" if card.blocked_until else ""),
-        f"assignee  {card.assignee}   priority {card.priority}   failures "
+        f"assignee  {card.assignee}   "
+        + (f"group {card.group}   " if card.group else "")
+        + f"priority {card.priority}   failures "
         f"{card.consecutive_failures}"
         + (f"/{card.failure_limit}" if card.failure_limit else "")
         + f"   tempfails {card.tempfail_count}",
@@ -302,9 +306,10 @@ def board_text(
             note += backing_off(card, view.now)
             if unconfigured(card, assignees):
                 note += f" {UNCONFIGURED_NOTE}"
+            group_note = f" [{_cut(card.group, 24)}]" if card.group else ""
             lines.append(
                 f"  {card.id}  p{card.priority:<3} {_cut(card.assignee, 12):<12} "
-                f"{_cut(card.title, 56)}{note}"
+                f"{_cut(card.title, 56)}{group_note}{note}"
             )
         if len(group) > len(shown):
             lines.append(f"  ... {len(group) - len(shown)} more")

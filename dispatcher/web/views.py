@@ -47,6 +47,8 @@ class Tile:
     """A ``ready`` card backing off or deferred: when its next try may start."""
     unconfigured: bool = False
     """The card needs an assignee the loaded config does not name (it will not be claimed)."""
+    group: str | None = None
+    """The card's group (claims take turns between groups)."""
     rank: str
     """Sorts the column's tiles as the board orders them (text order)."""
 
@@ -111,6 +113,7 @@ def tile(
         waits_for=card.parents if card.status is CardStatus.TODO else (),
         retry_at=card.retry_at if card.status is CardStatus.READY else None,
         unconfigured=unconfigured(card, assignees),
+        group=card.group,
         rank=rank(card),
     )
 

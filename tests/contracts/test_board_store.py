@@ -440,3 +440,59 @@ def test_a_retry_policy_decision_is_stored_and_honoured_by_the_claim(store: Boar
     card = store.get_card(card_id)
     assert card.status is CardStatus.BLOCKED and card.retry_at is None
     assert store.events_of(card_id)[-1].kind == EventKind.GAVE_UP
+
+
+# -- groups and the claim order ---------------------------------------------------------------
+
+
+def test_a_group_is_stored_edited_and_cleared(store: BoardStore) -> None:
+    card_id = add(store, group="customer-42")
+    card = store.get_card(card_id)
+    assert card.group == "customer-42"
+    assert store.list_cards()[0].group == "customer-42"
+    assert store.events_of(card_id)[0].data["group"] == "customer-42"
+    assert store.edit_card(card_id, CardEdit(group="customer-7"), now=NOW).group == "customer-7"
+    assert store.events_of(card_id)[-1].data["group"] == "customer-7"
+    assert store.edit_card(card_id, CardEdit(group=""), now=NOW).group is None
+    assert add(store) != card_id and store.get_card(card_id).group is None
+
+
+def added(store: BoardStore, title: str, at: float, **kw: object) -> str:
+    new = NewCard(title=title, assignee="a", **kw)  # type: ignore[arg-type]
+    return store.add_card(new, now=at)[0].id
+
+
+def test_groups_take_turns_at_one_priority(store: BoardStore) -> None:
+    big = [added(store, f"big{i}", NOW + i, group="big") for i in range(4)]
+    small = [added(store, f"small{i}", NOW + 10 + i, group="small") for i in range(2)]
+    loose = added(store, "loose", NOW + 20)
+    urgent = added(store, "urgent", NOW + 30, group="big", priority=5)
+    order = [c.id for c in store.ready_cards()]
+    # Priority first; then the first card of every group, then the second of each, ...
+    assert order[0] == urgent
+    assert order[1:] == [big[0], small[0], loose, big[1], small[1], big[2], big[3]]
+    assert [c.id for c in store.ready_cards(after=store.get_card(small[0]), limit=2)] == [
+        loose,
+        big[1],
+    ]
+
+
+def test_a_group_that_joins_later_waits_one_round_not_the_whole_queue(store: BoardStore) -> None:
+    big = [added(store, f"big{i}", NOW + i, group="big") for i in range(6)]
+    for card_id in big[:3]:
+        assert store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).verdict.value == "claimed"
+    late = added(store, "late", NOW + 10, group="late")
+    later = added(store, "later", NOW + 11, group="late")
+    order = [c.id for c in store.ready_cards()]
+    assert order.index(late) <= 1 and order.index(later) <= 3
+    assert order.index(late) < order.index(big[4])
+
+
+def test_a_promoted_child_joins_the_back_of_its_groups_queue(store: BoardStore) -> None:
+    parent = add(store, "parent")
+    child = added(store, "child", NOW, parents=(parent,), group="g")
+    first = [added(store, f"g{i}", NOW + 1 + i, group="g") for i in range(2)]
+    store.move(parent, CardStatus.DONE, now=NOW)
+    store.promote(now=NOW)
+    order = [c.id for c in store.ready_cards() if c.group == "g"]
+    assert order == [*first, child]
