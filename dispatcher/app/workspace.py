@@ -118,6 +118,7 @@ class Workspace:
                 scoper=runtime.scoper,
                 adopt=True,
                 fault=FaultPoint.from_environ(self.environ),
+                limits=self.settings.limits,
             )
         return self._dispatcher
 

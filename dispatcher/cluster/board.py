@@ -40,7 +40,10 @@ from dispatcher.kanban.rows import CARD_COLUMNS, RUN_IDS, card_of, db_value, run
 from dispatcher.kanban.sql import SqlConnection
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.taxonomy import Breaker, after_run
+from dispatcher.launch import holds
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.holds import Holder, Taking
+from dispatcher.launch.limits import Tally, Wants
 from dispatcher.launch.outcome import Outcome, Result
 
 
@@ -100,7 +103,7 @@ class PgBoardStore(SqlBoardStore):
 
     ``host_max`` is this host's ``kanban.max_in_progress_per_host`` (None: only the
     cluster-wide cap), used when the caller's limits name none. ``shift`` moves the database
-    clock the lease check sees (tests only)."""
+    clock the lease check and the named limits see (tests only)."""
 
     PARENT_ORDER = "position"
     PREFIX_MATCH = "starts_with({column}, ?)"
@@ -191,16 +194,42 @@ class PgBoardStore(SqlBoardStore):
                 )
             if refusal is not None:
                 return Claim(verdict=refusal)
+            run_id = RUN_IDS.new()
+            if limits.wants:
+                # Still under the budget lock: the holds read here are every hold committed.
+                taking = Taking(
+                    wants=limits.wants, holder=Holder("run", run_id), host=host, group=card.group
+                )
+                wait = holds.try_take(conn, taking, self._clock(conn))
+                if wait is not None:
+                    return Claim(verdict=ClaimVerdict.LIMIT, wait=wait)
             self.fault.reach("claim_counted")
-            run = self._insert_claim(conn, card, int(facts["attempts"]) + 1, now, claimer)
+            attempt = int(facts["attempts"]) + 1
+            run = self._insert_claim(conn, run_id, card, attempt, now, claimer)
         return Claim(verdict=ClaimVerdict.CLAIMED, run=run)
 
+    def _clock(self, conn: SqlConnection) -> float:
+        """The database's clock now (read after the budget lock, so later than every hold
+        already taken), moved by ``shift`` in tests: the clock every host's limits share."""
+        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        return float(row[0]) + self.shift()
+
+    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
+        with self.db.read() as conn:
+            clock = self._clock(conn)
+            return clock, holds.tallies(conn, wants, clock)
+
     def _insert_claim(
-        self, conn: SqlConnection, card: Card, attempt: int, now: float, claimer: Claimant
+        self,
+        conn: SqlConnection,
+        run_id: str,
+        card: Card,
+        attempt: int,
+        now: float,
+        claimer: Claimant,
     ) -> Run:
         stamp = self.stamp
         card_id = card.id
-        run_id = RUN_IDS.new()
         fields = rules.claimed_fields(run_id, now)
         data = json.dumps({"attempt": attempt, "claimer_pid": claimer.pid})
         got = conn.execute(

@@ -302,6 +302,7 @@ class Gateway:
             environ=spawn_environ(settings, self.environ),
             scoper=self._runtime.scoper,
             adopt=False,
+            limits=settings.limits,
         )
 
     # -- the loop ----------------------------------------------------------------------------

@@ -30,7 +30,8 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.kanban.rows import CARD_FIELDS, CARD_IDS, RUN_IDS
 from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.holds import MemoryHolds
+from dispatcher.launch.holds import Holder, MemoryHolds, Taking
+from dispatcher.launch.limits import Tally, Wants
 from dispatcher.launch.outcome import Outcome, Result
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
@@ -307,9 +308,14 @@ class MemoryBoardStore(BoardStore):
                 refusal = rules.budget_refusal(limits, running=self._open_count(), mine=mine)
             if refusal is not None:
                 return Claim(verdict=refusal)
+            run_id = RUN_IDS.new()
+            taking = Taking(wants=limits.wants, holder=Holder("run", run_id), group=card.group)
+            wait = self.holds.try_take(taking, now)
+            if wait is not None:
+                return Claim(verdict=ClaimVerdict.LIMIT, wait=wait)
             attempt = 1 + sum(1 for r in self._runs.values() if r.card_id == card_id)
             run = Run(
-                run_id=RUN_IDS.new(),
+                run_id=run_id,
                 card_id=card_id,
                 attempt=attempt,
                 claimed_at=now,
@@ -322,6 +328,12 @@ class MemoryBoardStore(BoardStore):
             self._event(card_id, EventKind.CLAIMED, data, now, run.run_id)
             self._version += 1
             return Claim(verdict=ClaimVerdict.CLAIMED, run=run)
+
+    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
+        return now, self.holds.tallies(wants, now)
+
+    def prune_holds(self, before: float) -> int:
+        return self.holds.prune(before)
 
     def record_spawn(
         self,
@@ -364,6 +376,7 @@ class MemoryBoardStore(BoardStore):
                 session_id=run.session_id or result.session_id,
             )
             self._runs[run_id] = run
+            self.holds.release(Holder("run", run_id), now)
             fields = dict(change.fields)
             if card.current_run_id == run_id:
                 fields["current_run_id"] = None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.limits import Wants
 from dispatcher.launch.outcome import Outcome
 
 
@@ -206,6 +207,8 @@ class Limits:
     assignee_max: int | None = None
     host_max: int | None = None
     """Cluster mode: open runs this host may hold (``kanban.max_in_progress_per_host``)."""
+    wants: Wants = ()
+    """The named limits the run takes (its assignee's ``uses``), all or none."""
 
 
 @dataclass(frozen=True, kw_only=True)

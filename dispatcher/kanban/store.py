@@ -45,7 +45,10 @@ from dispatcher.kanban.sql import (
     SqlConnection,
     SqlDatabase,
 )
+from dispatcher.launch import holds
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.holds import Holder, Taking
+from dispatcher.launch.limits import Tally, Wants
 from dispatcher.launch.outcome import Outcome, Result
 from registry.store.database import StateDB
 from scope.foundation.errors import NotFoundError
@@ -313,13 +316,17 @@ class SqlBoardStore(SqlBoard):
                 )
             if refusal is not None:
                 return Claim(verdict=refusal)
+            run_id = RUN_IDS.new()
+            taking = Taking(wants=limits.wants, holder=Holder("run", run_id), group=card.group)
+            wait = holds.try_take(conn, taking, now)
+            if wait is not None:
+                return Claim(verdict=ClaimVerdict.LIMIT, wait=wait)
             attempt = (
                 conn.execute(
                     "SELECT COUNT(*) FROM kanban_runs WHERE card_id = ?", (card_id,)
                 ).fetchone()[0]
                 + 1
             )
-            run_id = RUN_IDS.new()
             conn.execute(
                 "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"
                 " claimer_start, claimer_boot) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -346,6 +353,14 @@ class SqlBoardStore(SqlBoard):
             )
             self._bump(conn)
             return Claim(verdict=ClaimVerdict.CLAIMED, run=self._load_run(conn, run_id))
+
+    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
+        with self.db.read() as conn:
+            return now, holds.tallies(conn, wants, now)
+
+    def prune_holds(self, before: float) -> int:
+        with self.db.write() as conn:
+            return holds.prune(conn, before)
 
     def record_spawn(
         self,
@@ -414,6 +429,7 @@ class SqlBoardStore(SqlBoard):
                 run_id,
             ),
         )
+        holds.release(conn, Holder("run", run_id), now)
         fields = dict(change.fields)
         if card.current_run_id == run_id:
             fields["current_run_id"] = None

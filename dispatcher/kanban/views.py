@@ -330,12 +330,16 @@ def tick_text(report: TickReport) -> list[str]:
         )
     for card_id in report.planned:
         lines.append(f"would start {card_id}")
+    for card_id, wait in report.limited:
+        lines.append(f"waiting {card_id}: {wait}")
     summary = (
         f"{len(report.dispatched)} started, {len(report.refused)} refused, "
         f"{len(report.reconciled)} finished, {len(report.promoted)} promoted, "
         f"{len(report.deferred)} deferred, {len(report.guarded)} in cooldown, "
         f"{len(report.backing_off)} backing off"
     )
+    if report.limited:
+        summary += f", {len(report.limited)} waiting on limits"
     if report.paused:
         summary += "; claiming is paused"
     if report.dry_run:
