@@ -1,7 +1,8 @@
 """``dispatch state migrate --to URL``: move a single host's board and ledger into a cluster.
 
-Copies the cluster state of the host's SQLite database (cards, parents, runs, events, the board
-flags, cron fires and job state, pause state included) into an **empty** cluster database, in one
+Copies the cluster state of the host's SQLite database (cards with their groups, parents, runs,
+events, the board flags, cron fires and job state, pause state included, and the named limits'
+holds, so a rate window goes on counting) into an **empty** cluster database, in one
 PostgreSQL transaction: on any error nothing is written, and a database that already holds a
 board or a ledger is refused untouched. Ids, event sequence numbers and fire ids are kept, so
 history reads the same afterwards. Host state (sessions, logs, exit records) stays where it is.
@@ -28,6 +29,7 @@ TABLES: Sequence[tuple[str, str, str | None]] = (
     ("cron_fires", "id", "id"),
     ("cron_jobs", "job_id", None),
     ("notify_outbox", "created_at, message_id, channel", None),
+    ("limit_holds", "id", "id"),
 )
 _CHUNK = 1000
 
