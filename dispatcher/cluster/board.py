@@ -30,7 +30,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dispatcher.cluster.database import BUDGET_LOCK, ClusterDB
+from dispatcher.cluster.database import BUDGET_LOCK, ClusterDB, Qmark, database_clock
 from dispatcher.cluster.faults import ClusterFault
 from dispatcher.cluster.wake import CHANNEL
 from dispatcher.kanban import rules
@@ -211,8 +211,8 @@ class PgBoardStore(SqlBoardStore):
     def _clock(self, conn: SqlConnection) -> float:
         """The database's clock now (read after the budget lock, so later than every hold
         already taken), moved by ``shift`` in tests: the clock every host's limits share."""
-        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
-        return float(row[0]) + self.shift()
+        assert isinstance(conn, Qmark)
+        return database_clock(conn) + self.shift()
 
     def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
         with self.db.read() as conn:

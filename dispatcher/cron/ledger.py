@@ -24,8 +24,11 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron import notices
-from dispatcher.cron.abc import LedgerStore, LedgerTx
+from dispatcher.cron.abc import LedgerStore, LedgerTx, Take
 from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
+from dispatcher.launch import holds
+from dispatcher.launch.holds import Holder, Taking
+from dispatcher.launch.limits import Tally, Wants
 from dispatcher.launch.outbox import Outbox
 
 if TYPE_CHECKING:
@@ -227,6 +230,29 @@ class Ledger(LedgerStore):
         with self.db.write() as conn:
             return _update(conn, row_id, expect, change.columns(), self.outbox)
 
+    def take(self, row_id: int, change: FireChange, wants: Wants, *, now: float) -> Take:
+        """See :meth:`LedgerStore.take` (the write lock serializes every taking of limits)."""
+        with self.transaction() as tx:
+            return self._take(tx, row_id, change, wants, now, host=None)
+
+    @staticmethod
+    def _take(
+        tx: Tx, row_id: int, change: FireChange, wants: Wants, now: float, *, host: str | None
+    ) -> Take:
+        """:meth:`take` inside ``tx``, at ``now`` on the ledger's clock, for ``host``."""
+        row = tx.conn.execute("SELECT status FROM cron_fires WHERE id = ?", (row_id,)).fetchone()
+        if row is None or row[0] != Status.CLAIMED.value:
+            return Take(taken=False)
+        taking = Taking(wants=wants, holder=Holder("fire", str(row_id)), host=host)
+        wait = holds.try_take(tx.conn, taking, now)
+        if wait is not None:
+            return Take(taken=False, wait=wait)
+        return Take(taken=tx.update(row_id, (Status.CLAIMED,), change))
+
+    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
+        with self.db.read() as conn:
+            return now, holds.tallies(conn, wants, now)
+
     def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
         """Rows that are not done (optionally only these statuses), oldest first."""
         wanted = (
@@ -402,7 +428,10 @@ def _update(
         (*values.values(), row_id, *(s.value for s in expect)),
     )
     changed = cursor.rowcount == 1
-    if changed and outbox is not None and values.get("status") == Status.DONE:
-        # In the settle's own transaction: the message commits with the outcome or not at all.
-        notices.fires(conn, outbox, [row_id])
+    if changed and values.get("status") == Status.DONE:
+        # A settled fire's named limits are free again, in the same transaction.
+        holds.release(conn, Holder("fire", str(row_id)), values.get("ended_at") or 0.0)
+        if outbox is not None:
+            # The message commits with the outcome or not at all.
+            notices.fires(conn, outbox, [row_id])
     return changed

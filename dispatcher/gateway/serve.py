@@ -259,6 +259,7 @@ class Gateway:
             state_dir=self.state_dir,
             config_path=self.config_path,
             ledger=self._cluster.ledger,
+            limits=self.settings.limits,
         )
         self._cron_waker = CronWaker(self._cron)
         assert self._cluster.outbox is not None
@@ -466,7 +467,7 @@ class Gateway:
         )
         self.settings = new
         assert self._cron is not None
-        self._cron.reload(new.cron)
+        self._cron.reload(new.cron, limits=new.limits)
         self._kanban = self._make_kanban(new)
         log.info("reloaded %s", loaded.source)
         self._record_reload(started, error=None)

@@ -17,14 +17,21 @@ from typing import Any
 import pytest
 
 from dispatcher.app.database import open_state
+from dispatcher.cluster.board import PgBoardStore
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.ledger import PgLedger
-from dispatcher.cron.abc import LedgerStore
+from dispatcher.cron.abc import LedgerStore, Take
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.memory import MemoryLedger
 from dispatcher.cron.records import Kind, Status
-from dispatcher.launch.outcome import Outcome
+from dispatcher.kanban.memory import MemoryBoardStore
+from dispatcher.kanban.model import CardChange, CardStatus, Limits, NewCard
+from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.holds import MemoryHolds
+from dispatcher.launch.limits import LimitSpec
+from dispatcher.launch.outcome import Outcome, Result
 
 NOW = 1_800_000_000.0
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -185,3 +192,81 @@ def test_prune_keeps_every_jobs_newest_row(ledger: LedgerStore) -> None:
     removed = ledger.prune(NOW + 3600, chunk=2)
     assert removed == 4
     assert [r.id for r in ledger.history()] == [waiting, only, ids[-1]]
+
+
+# -- named limits -----------------------------------------------------------------------------
+
+ONE = (("api", LimitSpec(concurrency=1)),)
+
+
+def _taking() -> FireChange:
+    return FireChange(status=Status.SPAWNING, actual=NOW, claimant="me")
+
+
+def _ids(ledger: LedgerStore, *minutes: int) -> list[int]:
+    with ledger.transaction() as tx:
+        found = [tx.insert(**row(minute=m)) for m in minutes]
+    assert all(i is not None for i in found)
+    return [i for i in found if i is not None]
+
+
+def test_a_fire_takes_its_limits_as_it_starts_and_frees_them_as_it_settles(
+    ledger: LedgerStore,
+) -> None:
+    first, second = _ids(ledger, 0, 1)
+    assert ledger.take(first, _taking(), ONE, now=NOW).taken
+    held = ledger.take(second, _taking(), ONE, now=NOW)
+    assert not held.taken and held.wait is not None
+    assert held.wait.describe(NOW) == "limit api (1 of 1 running)"
+    assert ledger.get(second).status is Status.CLAIMED  # nothing changed
+    _, tallies = ledger.limit_tallies(ONE, now=NOW)
+    assert sum(tallies["api"].open.values()) == 1
+    done = FireChange(status=Status.DONE, outcome=Outcome.COMPLETED, ended_at=NOW + 1)
+    assert ledger.update(first, (Status.SPAWNING,), done)
+    assert ledger.take(second, _taking(), ONE, now=NOW + 1).taken
+    assert ledger.get(second).status is Status.SPAWNING
+
+
+def test_a_fire_no_longer_claimed_takes_no_limit(ledger: LedgerStore) -> None:
+    (gone,) = _ids(ledger, 0)
+    replaced = FireChange(status=Status.DONE, outcome=Outcome.REPLACED, ended_at=NOW)
+    assert ledger.update(gone, (Status.CLAIMED,), replaced)
+    assert ledger.take(gone, _taking(), ONE, now=NOW) == Take(taken=False)
+    _, tallies = ledger.limit_tallies(ONE, now=NOW)
+    assert sum(tallies["api"].open.values()) == 0
+
+
+@pytest.fixture(params=BACKENDS)
+def books(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[LedgerStore, Any]]:
+    """A ledger and a board on one store of record (in memory: one shared set of holds)."""
+    if request.param == "memory":
+        holds = MemoryHolds()
+        yield MemoryLedger(holds), MemoryBoardStore(holds)
+    elif request.param == "sqlite":
+        with open_state(tmp_path / "state") as state:
+            yield Ledger(state), SqliteBoardStore(state)
+    else:
+        with ClusterDB(request.getfixturevalue("pg_url")) as cluster:
+            cluster.migrate()
+            yield PgLedger(cluster), PgBoardStore(cluster)
+
+
+def test_a_cron_fire_and_a_kanban_run_share_one_limit(books: tuple[LedgerStore, Any]) -> None:
+    ledger, board = books
+    card, _ = board.add_card(NewCard(title="t", assignee="a"), now=NOW)
+    me = Claimant(pid=1, start=1, boot=None)
+    claim = board.claim(card.id, now=NOW, claimer=me, limits=Limits(max_in_progress=9, wants=ONE))
+    assert claim.run is not None
+    (fire,) = _ids(ledger, 0)
+    held = ledger.take(fire, _taking(), ONE, now=NOW)
+    assert held.wait is not None and held.wait.in_use == 1
+    finished = CardChange(fields={"status": CardStatus.DONE})
+    board.close_run(
+        claim.run.run_id, Result(outcome=Outcome.COMPLETED), lambda c, r: finished, now=NOW
+    )
+    assert ledger.take(fire, _taking(), ONE, now=NOW).taken
+    other, _ = board.add_card(NewCard(title="u", assignee="a"), now=NOW)
+    refused = board.claim(
+        other.id, now=NOW, claimer=me, limits=Limits(max_in_progress=9, wants=ONE)
+    )
+    assert refused.wait is not None
