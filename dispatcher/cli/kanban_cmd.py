@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
@@ -44,6 +45,9 @@ from scope.abc import CallerKind
 from scope.foundation.errors import DispatchError, Invalid, UsageError
 from scope.foundation.text import quote
 from scope.foundation.values import ISO_HINT, parse_duration, parse_iso_time
+
+if TYPE_CHECKING:
+    from dispatcher.app.limitview import Waits
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 PRIORITY = int_arg(-(10**9), 10**9)
@@ -331,12 +335,24 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
     )
     cards = sorted_cards(cards, args.sort, args.limit)
     assignees = _assignees(ctx)
+    waits = _waits(ctx, workspace, cards)
     if ctx.json:
-        ctx.emit_json([_listed_json(c, assignees) for c in cards])
+        ctx.emit_json([_listed_json(c, assignees, waits) for c in cards])
     else:
-        for line in card_table(cards, times=ctx.times(), assignees=assignees):
+        for line in card_table(cards, times=ctx.times(), assignees=assignees, waits=waits.texts()):
             ctx.out(line)
     return 0
+
+
+def _waits(ctx: Context, workspace: Workspace, cards: list[Card]) -> Waits:
+    """Which full limit each card waits for (nothing while the config is not loaded)."""
+    from dispatcher.app.limitview import Waits, card_waits
+
+    if ctx.config_problem is not None:
+        return Waits()
+    stamp = workspace.cluster.stamp
+    host = None if stamp is None else stamp.host_id
+    return card_waits(ctx.settings, workspace.store, cards, now=workspace.now(), host=host)
 
 
 def _assignees(ctx: Context) -> frozenset[str] | None:
@@ -346,11 +362,12 @@ def _assignees(ctx: Context) -> frozenset[str] | None:
     return frozenset(ctx.settings.kanban.assignees)
 
 
-def _listed_json(card: Card, assignees: frozenset[str] | None) -> dict[str, object]:
+def _listed_json(card: Card, assignees: frozenset[str] | None, waits: Waits) -> dict[str, object]:
     """A card in a listing, with ``assignee_configured`` (true, false, or null when the
-    config is not loaded; done and archived cards need no assignee: true)."""
+    config is not loaded; done and archived cards need no assignee: true) and ``waiting``
+    (the full limit it waits for, or null)."""
     known = None if assignees is None else not unconfigured(card, assignees)
-    return {**card_json(card), "assignee_configured": known}
+    return {**card_json(card), "assignee_configured": known, "waiting": waits.json(card.id)}
 
 
 def handle_show(args: argparse.Namespace, ctx: Context) -> int:
@@ -362,14 +379,17 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
     hosts = workspace.run_hosts(card_id)
+    waits = _waits(ctx, workspace, [card])
     if ctx.json:
         doc = show_json(card, runs, events)
+        doc["waiting"] = waits.json(card.id)
         for run in doc["runs"]:
             run["host"] = hosts.get(run["run_id"])
         ctx.emit_json(doc)
     else:
         shown = hosts if workspace.cluster.clustered else None
-        for line in show_text(card, runs, events, times=ctx.times(), hosts=shown):
+        wait = waits.text(card.id)
+        for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, wait=wait):
             ctx.out(line)
     return 0
 
@@ -439,16 +459,19 @@ def _board_once(ctx: Context) -> int:
     cards = workspace.store.list_cards()
     paused = workspace.store.paused()
     assignees = _assignees(ctx)
+    waits = _waits(ctx, workspace, cards)
     if ctx.json:
         doc: dict[str, object] = {"paused": paused}
         for status in CardStatus:
             if status is not CardStatus.ARCHIVED:
                 doc[status.value] = [
-                    _listed_json(c, assignees) for c in cards if c.status is status
+                    _listed_json(c, assignees, waits) for c in cards if c.status is status
                 ]
         ctx.emit_json(doc)
     else:
-        for line in board_text(cards, paused=paused, times=ctx.times(), assignees=assignees):
+        for line in board_text(
+            cards, paused=paused, times=ctx.times(), assignees=assignees, waits=waits.texts()
+        ):
             ctx.out(line)
     return 0
 

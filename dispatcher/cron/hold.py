@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.firing import FireRunner
-from dispatcher.cron.records import FireRecord, Status
+from dispatcher.cron.records import WAITING, FireRecord, Status
 from dispatcher.cron.settings import CronJob
 from dispatcher.launch.limits import LimitWait
 from dispatcher.launch.outcome import Outcome, Result
@@ -32,8 +32,6 @@ __all__ = ["HELD_POLL", "Decision", "HeldFires", "Hold", "Verdict", "decide"]
 HELD_POLL = 5.0
 """Seconds between looks at a fire held by something that does not say when it frees (a
 concurrency slot ends whenever a run ends; a finished cron worker wakes the scheduler anyway)."""
-WAITING = "waiting: "
-"""How a held fire's row begins its ``error`` while it waits (cleared when it starts)."""
 
 
 @dataclass(frozen=True, kw_only=True)

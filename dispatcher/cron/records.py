@@ -24,6 +24,7 @@ __all__ = [
     "COLUMNS",
     "EMPTY_ROW",
     "FAILURE_OUTCOMES",
+    "WAITING",
     "FireRecord",
     "JobState",
     "Kind",
@@ -60,6 +61,10 @@ FAILURE_OUTCOMES = frozenset(
     }
 )
 """Outcomes after which a job's ``on_failure`` command runs."""
+
+WAITING = "waiting: "
+"""How a held fire's row begins its ``error`` while it waits to start (see
+:mod:`dispatcher.cron.hold`; cleared when it starts)."""
 
 ACTIVE = (Status.CLAIMED, Status.SPAWNING, Status.RUNNING)
 """Statuses of a fire that counts as "the job is running" for the overlap policy."""

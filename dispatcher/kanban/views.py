@@ -157,9 +157,11 @@ def card_table(
     *,
     times: TimeView | None = None,
     assignees: Collection[str] | None = None,
+    waits: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``list`` as aligned lines; UPDATED is relative (``3h ago``), for scanning. A card
-    whose assignee is not among ``assignees`` ends with :data:`UNCONFIGURED_NOTE`."""
+    whose assignee is not among ``assignees`` ends with :data:`UNCONFIGURED_NOTE`; one a full
+    named limit holds back with ``[waiting: limit openai (6 of 6 running)]`` (``waits``)."""
     view = times or TimeView.local()
     lines = [
         f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'GROUP':<12}  {'FAILS':>5}  "
@@ -173,7 +175,7 @@ def card_table(
             f"{card.id:<12}  {status:<8}  {card.priority:>4}  {_cut(card.assignee, 12):<12}  "
             f"{_cut(card.group or '-', 12):<12}  "
             f"{card.consecutive_failures:>5}  {view.ago(card.updated_at):<10}  "
-            f"{_cut(card.title, 60)}{backing_off(card, view.now)}"
+            f"{_cut(card.title, 60)}{backing_off(card, view.now)}{waiting(card, waits)}"
             + (f"  {UNCONFIGURED_NOTE}" if unconfigured(card, assignees) else "")
         )
     return lines
@@ -203,9 +205,11 @@ def show_text(
     *,
     times: TimeView | None = None,
     hosts: Mapping[str, str | None] | None = None,
+    wait: str | None = None,
 ) -> list[str]:
     """``show`` as text: fields, runs, events (times as ``times`` shows them). ``hosts``
-    (cluster mode): each run's host, shown after its placement (``host alpha``)."""
+    (cluster mode): each run's host, shown after its placement (``host alpha``); ``wait``:
+    the full limit the card waits for."""
     view = times or TimeView.local()
     short = view.at
     lines = [
@@ -224,6 +228,8 @@ def show_text(
     ]
     if card.parents:
         lines.append("parents   " + " ".join(card.parents))
+    if wait:
+        lines.append(f"waiting   {wait}")
     if card.retry_at:
         lines.append(f"retry at  {view.both(card.retry_at)}")
     lines += _retry_lines(card, events, view)
@@ -273,6 +279,12 @@ def _retry_lines(card: Card, events: Sequence[Event], view: TimeView) -> list[st
     return lines
 
 
+def waiting(card: Card, waits: Mapping[str, str] | None) -> str:
+    """`` [waiting: limit openai (6 of 6 running)]`` for a card a full limit holds back."""
+    note = (waits or {}).get(card.id)
+    return f" [waiting: {note}]" if note else ""
+
+
 def backing_off(card: Card, now: float) -> str:
     """`` [backing off, next try in 40s]`` for a ready card behind its ``retry_at``, else ""."""
     if card.status is not CardStatus.READY or card.retry_at is None or card.retry_at <= now:
@@ -286,9 +298,10 @@ def board_text(
     paused: bool,
     times: TimeView | None = None,
     assignees: Collection[str] | None = None,
+    waits: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """A compact view by status (the newest done cards only); unconfigured assignees marked
-    as in :func:`card_table`."""
+    """A compact view by status (the newest done cards only); unconfigured assignees and
+    cards waiting for a limit marked as in :func:`card_table`."""
     view = times or TimeView.local()
     lines = ["claiming is PAUSED ('dispatch kanban resume' to resume)"] if paused else []
     for status in BOARD_ORDER:
@@ -303,7 +316,7 @@ def board_text(
                 note = f" [{card.block_kind.value}]"
             elif status is CardStatus.BLOCKED:
                 note = " [breaker]"
-            note += backing_off(card, view.now)
+            note += backing_off(card, view.now) + waiting(card, waits)
             if unconfigured(card, assignees):
                 note += f" {UNCONFIGURED_NOTE}"
             group_note = f" [{_cut(card.group, 24)}]" if card.group else ""

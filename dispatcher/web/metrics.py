@@ -28,6 +28,11 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
 ``dispatch_cluster_host_lease_live{host}``  gauge     cluster mode: 1 while the host's lease is
                                                       live (database clock)
 ``dispatch_cluster_host_epoch{host}``       gauge     cluster mode: the host's lease epoch
+``dispatch_limit_in_use{limit}``            gauge     runs and cron fires holding a named limit
+``dispatch_limit_capacity{limit}``          gauge     its concurrency cap (limits that have one)
+``dispatch_limit_waiting{limit}``           gauge     ready cards and cron fires it holds back
+``dispatch_limit_window_starts{limit}``     gauge     starts its rate window counts now
+``dispatch_limit_window_capacity{limit}``   gauge     starts the rate window allows
 ``dispatch_state_readable``                 gauge     0 when the state could not be read
 =========================================== ========= =========================================
 
@@ -134,7 +139,7 @@ class DispatchCollector(Collector):
         """Read everything now; a part that cannot be read is left out and
         ``dispatch_state_readable`` says so."""
         readable = 1.0
-        for part in (self._board, self._cron, self._host):
+        for part in (self._board, self._cron, self._host, self._limits):
             try:
                 yield from list(part())
             except (DispatchError, OSError, ValueError) as err:
@@ -227,6 +232,42 @@ class DispatchCollector(Collector):
         for caller, placement in sorted(report["placement"].items()):
             verdicts.add_metric([caller, str(placement)], 1)
         yield verdicts
+
+    def _limits(self) -> Iterator[Metric]:
+        """The named limits, from ``dispatch limits``'s own document."""
+        doc = self.source.limits()
+        families = {
+            "in_use": GaugeMetricFamily(
+                "dispatch_limit_in_use", "Runs and cron fires holding the limit", labels=["limit"]
+            ),
+            "capacity": GaugeMetricFamily(
+                "dispatch_limit_capacity", "The limit's concurrency cap", labels=["limit"]
+            ),
+            "waiting": GaugeMetricFamily(
+                "dispatch_limit_waiting",
+                "Ready cards and cron fires the limit holds back",
+                labels=["limit"],
+            ),
+            "window_starts": GaugeMetricFamily(
+                "dispatch_limit_window_starts",
+                "Starts the limit's rate window counts now",
+                labels=["limit"],
+            ),
+            "window_capacity": GaugeMetricFamily(
+                "dispatch_limit_window_capacity",
+                "Starts the limit's rate window allows",
+                labels=["limit"],
+            ),
+        }
+        for entry in doc:
+            label = [entry["name"]]
+            families["in_use"].add_metric(label, entry["in_use"])
+            waiting = entry["waiting_cards"] + len(entry["waiting_fires"])
+            families["waiting"].add_metric(label, waiting)
+            for key in ("capacity", "window_starts", "window_capacity"):
+                if entry[key] is not None:
+                    families[key].add_metric(label, entry[key])
+        yield from families.values()
 
     def _cluster(self) -> Iterator[Metric]:
         live = GaugeMetricFamily(

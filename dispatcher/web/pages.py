@@ -70,6 +70,7 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         failure_limit=kanban.failure_limit,
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
+        waits=source.limit_waits(shown),
     )
     context = site.context(request, title="Board", nav="board", stream=f"/live/board?after={seq}")
     context.update(
@@ -313,7 +314,7 @@ def status_context(site: Site, request: Request) -> dict[str, Any]:
     source = site.source
     doc = status_document(source.runtime(), source.environ)
     context = site.context(request, title="Status", nav="status", stream="/live/status")
-    context.update(doc=doc, doctor=source.doctor())
+    context.update(doc=doc, doctor=source.doctor(), limits=source.limits())
     return context
 
 

@@ -49,6 +49,8 @@ class Tile:
     """The card needs an assignee the loaded config does not name (it will not be claimed)."""
     group: str | None = None
     """The card's group (claims take turns between groups)."""
+    waiting: str | None = None
+    """The full named limit a ready card waits for: ``limit openai (6 of 6 running)``."""
     rank: str
     """Sorts the column's tiles as the board orders them (text order)."""
 
@@ -92,9 +94,11 @@ def tile(
     host: str | None,
     failure_limit: int,
     assignees: Collection[str] | None = None,
+    waiting: str | None = None,
 ) -> Tile:
     """A card as the board shows it (``run``: its open run, if any, claimed on ``host``;
-    ``assignees``: the configured ones, None when unknown)."""
+    ``assignees``: the configured ones, None when unknown; ``waiting``: the full limit it
+    waits for)."""
     return Tile(
         id=card.id,
         title=card.title,
@@ -114,6 +118,7 @@ def tile(
         retry_at=card.retry_at if card.status is CardStatus.READY else None,
         unconfigured=unconfigured(card, assignees),
         group=card.group,
+        waiting=waiting,
         rank=rank(card),
     )
 
@@ -126,15 +131,27 @@ def tiles(
     failure_limit: int,
     hosts: Mapping[str, str | None] | None = None,
     assignees: Collection[str] | None = None,
+    waits: Mapping[str, str] | None = None,
 ) -> list[Tile]:
     """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host);
-    a card whose assignee is not among ``assignees`` is marked."""
+    a card whose assignee is not among ``assignees`` is marked, one a full limit holds back
+    says which (``waits``)."""
     open_runs = {run.run_id: run for run in runs if run.open}
     found = []
     for card in cards:
         run = open_runs.get(card.current_run_id or "")
         host = run_host(run, hosts or {}, local_host) if run else None
-        found.append(tile(card, run, host=host, failure_limit=failure_limit, assignees=assignees))
+        waiting = (waits or {}).get(card.id)
+        found.append(
+            tile(
+                card,
+                run,
+                host=host,
+                failure_limit=failure_limit,
+                assignees=assignees,
+                waiting=waiting,
+            )
+        )
     return found
 
 
