@@ -92,7 +92,7 @@ def host_loop(
         while time.monotonic() < deadline:
             now = time.monotonic()
             for item in [r for r in running if r[0] <= now]:
-                end_at, run_id, started, group, names = item
+                _end, run_id, started, group, names = item
                 ended = time.monotonic()
                 store.close_run(run_id, Result(outcome=Outcome.COMPLETED), lambda c, r: DONE, now=0)
                 running.remove(item)
