@@ -3,6 +3,8 @@ wait reads, and the config rules (a limit used but not defined, zero caps, bad r
 
 from __future__ import annotations
 
+import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dispatcher.config import parse_config
+from dispatcher.launch import holds
 from dispatcher.launch.limits import (
+    Held,
     LimitScope,
     LimitSpec,
     LimitWait,
@@ -20,9 +24,10 @@ from dispatcher.launch.limits import (
     WaitKind,
     parse_rate,
     refusal,
-    usage,
+    tally_of,
     wants_of,
 )
+from dispatcher.launch.tables import HOLDS_TABLE
 from scope.foundation.errors import ConfigError, Invalid
 from tests.support.cli import dispatch_text, state_env
 
@@ -72,33 +77,40 @@ def test_bad_rates_are_one_line_naming_the_form(text: str, problem: str) -> None
 # -- the check --------------------------------------------------------------------------------
 
 
-def tally(open_: dict[tuple[str | None, str | None], int] | None = None, *starts: float) -> Tally:
-    return Tally(open=open_ or {}, starts=tuple((at, None) for at in starts))
+def tally(spec: LimitSpec, *holds: Held, host: str | None = "alpha") -> Tally:
+    return tally_of(spec, holds, host=host, now=NOW)
 
 
-def check(wants: dict[str, LimitSpec], tallies: dict[str, Tally], **kw: object) -> object:
-    where = {"host": "alpha", "group": None, "now": NOW, **kw}
-    return refusal(tuple(wants.items()), tallies, **where)  # type: ignore[arg-type]
+def held(host: str | None = "alpha", group: str | None = None, at: float = NOW - 1) -> Held:
+    return Held(host=host, group=group, taken_at=at)
+
+
+def check(
+    wants: dict[str, LimitSpec], holds: dict[str, list[Held]], *, group: str | None = None
+) -> object:
+    tallies = {name: tally(wants[name], *found) for name, found in holds.items()}
+    return refusal(tuple(wants.items()), tallies, group=group)
 
 
 def test_concurrency_waits_at_the_cap_and_counts_every_host() -> None:
-    five = tally({("alpha", None): 3, ("beta", "g"): 2})
-    six = tally({("alpha", None): 3, ("beta", "g"): 3})
+    five = [held()] * 3 + [held("beta", "g")] * 2
     assert check({"openai": OPENAI}, {"openai": five}) is None
-    wait = check({"openai": OPENAI}, {"openai": six})
+    wait = check({"openai": OPENAI}, {"openai": [*five, held("beta")]})
     assert wait == LimitWait(limit="openai", kind=WaitKind.CONCURRENCY, in_use=6, capacity=6)
     assert wait.describe(NOW) == "limit openai (6 of 6 running)"
 
 
 def test_a_host_scoped_limit_counts_only_this_host() -> None:
-    other = tally({("beta", None): 1})
-    assert check({"gpu": GPU}, {"gpu": other}) is None
-    mine = tally({("alpha", None): 1})
-    assert check({"gpu": GPU}, {"gpu": mine}) is not None
+    assert check({"gpu": GPU}, {"gpu": [held("beta")]}) is None
+    assert check({"gpu": GPU}, {"gpu": [held("alpha")]}) is not None
+    # A single host (None) owns every hold on its board.
+    assert tally(GPU, held(None), held("beta"), host=None).in_use == 2
+    # Released holds no longer count toward concurrency.
+    assert tally(GPU, Held(host="alpha", group=None, taken_at=NOW, released=True)).in_use == 0
 
 
 def test_per_group_caps_each_group_separately() -> None:
-    busy = tally({("alpha", "customer-42"): 2, ("alpha", None): 1})
+    busy = [held(group="customer-42")] * 2 + [held()]
     wait = check({"tenants": TENANTS}, {"tenants": busy}, group="customer-42")
     assert isinstance(wait, LimitWait) and wait.kind is WaitKind.GROUP
     assert wait.describe(NOW) == "limit tenants (2 of 2 running in group customer-42)"
@@ -107,20 +119,20 @@ def test_per_group_caps_each_group_separately() -> None:
 
 
 def test_a_rate_waits_until_its_oldest_counted_start_leaves_the_window() -> None:
-    recent = tally({}, NOW - 100)
-    wait = check({"deploys": DEPLOYS}, {"deploys": recent})
+    ended = Held(host="alpha", group=None, taken_at=NOW - 100, released=True)
+    wait = check({"deploys": DEPLOYS}, {"deploys": [ended]})  # an ended run's start counts
     assert isinstance(wait, LimitWait) and wait.next_start == NOW + 200
     assert wait.describe(NOW) == "limit deploys (next start in 3m20s)"
-    assert check({"deploys": DEPLOYS}, {"deploys": tally({}, NOW - 300)}) is None
+    assert check({"deploys": DEPLOYS}, {"deploys": [held(at=NOW - 300)]}) is None
     # Three of five: the window lets the next start through when the third-newest leaves.
     three = LimitSpec(rate=Rate(3, 60))
-    starts = tally({}, NOW - 50, NOW - 40, NOW - 30, NOW - 20, NOW - 10)
+    starts = [held(at=NOW - age) for age in (50, 40, 30, 20, 10)]
     wait = check({"r": three}, {"r": starts})
     assert isinstance(wait, LimitWait) and wait.next_start == NOW - 30 + 60
 
 
 def test_the_first_full_limit_in_uses_order_is_named() -> None:
-    full = {"openai": tally({("alpha", None): 6}), "deploys": tally({}, NOW)}
+    full = {"openai": [held()] * 6, "deploys": [held(at=NOW)]}
     first = check({"deploys": DEPLOYS, "openai": OPENAI}, full)
     assert isinstance(first, LimitWait) and first.limit == "deploys"
     assert first.reason == "limit deploys"
@@ -155,28 +167,29 @@ def test_starting_when_allowed_never_breaks_a_cap(
         concurrency=cap, rate=Rate(starts, window), per_group=PerGroup(concurrency=group_cap)
     )
     now = NOW
-    held: list[str] = []
+    holds: list[Held] = []
     started: list[float] = []
     for gap, end_one, group in steps:
         now += gap
-        if end_one and held:
-            held.pop(0)
-        opened: dict[tuple[str | None, str | None], int] = {}
-        for g in held:
-            opened[(None, g)] = opened.get((None, g), 0) + 1
-        seen = Tally(open=opened, starts=tuple((at, None) for at in started))
-        wait = refusal((("x", spec),), {"x": seen}, host=None, group=group, now=now)
-        counted = usage("x", spec, seen, host=None, group=group, now=now)
+        opened = [i for i, h in enumerate(holds) if not h.released]
+        if end_one and opened:
+            holds[opened[0]] = replace(holds[opened[0]], released=True)
+        seen = tally_of(spec, holds, host=None, now=now)
+        wait = refusal((("x", spec),), {"x": seen}, group=group)
+        live = [h for h in holds if not h.released]
         free = (
-            counted.in_use < cap
-            and counted.group_in_use < group_cap
+            len(live) < cap
+            and sum(1 for h in live if h.group == group) < group_cap
             and sum(1 for at in started if at > now - window) < starts
         )
         assert (wait is None) == free  # refuses exactly when a cap is full
         if wait is None:
-            held.append(group)
+            holds.append(Held(host=None, group=group, taken_at=now))
             started.append(now)
-        assert len(held) <= cap and all(held.count(g) <= group_cap for g in "gh")
+        live = [h for h in holds if not h.released]
+        assert len(live) <= cap and all(
+            sum(1 for h in live if h.group == g) <= group_cap for g in "gh"
+        )
     for index in range(len(started) - starts):
         # No window (t - W, t] holds more than N starts (compared as the check compares).
         assert started[index] <= started[index + starts] - window
@@ -235,3 +248,58 @@ def test_the_cli_refuses_an_undefined_limit_with_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "kanban.assignees.trainer.uses[1]" in proc.stderr and "'opnai'" in proc.stderr
+
+
+# -- the SQL counts follow the reference ------------------------------------------------------
+
+hold_rows = st.lists(
+    st.tuples(
+        st.sampled_from([None, "alpha", "beta"]),
+        st.sampled_from([None, "g", "h"]),
+        st.integers(min_value=0, max_value=120),
+        st.booleans(),
+    ),
+    max_size=30,
+)
+
+
+@given(
+    hold_rows,
+    st.sampled_from(list(LimitScope)),
+    st.integers(min_value=1, max_value=4),
+    st.sampled_from([None, "alpha", "beta"]),
+    st.sampled_from([None, "g", "h"]),
+)
+def test_the_sql_counts_equal_the_reference(
+    rows: list[tuple[str | None, str | None, int, bool]],
+    scope: LimitScope,
+    starts: int,
+    host: str | None,
+    group: str | None,
+) -> None:
+    spec = LimitSpec(
+        concurrency=9, rate=Rate(starts, 60), scope=scope, per_group=PerGroup(concurrency=2)
+    )
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(HOLDS_TABLE.format(id="INTEGER PRIMARY KEY", text="TEXT", real="REAL"))
+    for where, grp, age, ended in rows:
+        conn.execute(
+            "INSERT INTO limit_holds (limit_name, holder_kind, holder_id, host_id, group_name,"
+            " taken_at, released_at) VALUES ('x', 'run', 'r', ?, ?, ?, ?)",
+            (where, grp, NOW - age, NOW if ended else None),
+        )
+    reference = tally_of(
+        spec,
+        [Held(host=w, group=g, taken_at=NOW - a, released=e) for w, g, a, e in rows],
+        host=host,
+        now=NOW,
+    )
+    (found,) = holds.tallies(conn, (("x", spec),), NOW, host=host, group=group).values()
+    assert (found.in_use, found.starts, found.nth_start) == (
+        reference.in_use,
+        reference.starts,
+        reference.nth_start,
+    )
+    assert found.groups == {group: reference.groups.get(group, 0)}
+    (every,) = holds.tallies(conn, (("x", spec),), NOW, host=host, every_group=True).values()
+    assert every.groups == reference.groups

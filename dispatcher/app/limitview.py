@@ -18,7 +18,6 @@ from dispatcher.cron.records import WAITING, FireRecord, Status
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.model import Card, CardStatus
 from dispatcher.launch.limits import (
-    LimitScope,
     LimitSpec,
     LimitWait,
     Tally,
@@ -84,11 +83,12 @@ def card_waits(
     if not candidates or not settings.limits:
         return Waits(clock=now)
     names = {name for card in candidates for name in assignees[card.assignee].uses}
-    clock, tallies = store.limit_tallies(wants_of(sorted(names), settings.limits), now=now)
+    wanted = wants_of(sorted(names), settings.limits)
+    clock, tallies = store.limit_tallies(wanted, now=now, host=host)
     found = {}
     for card in candidates:
         wants = wants_of(assignees[card.assignee].uses, settings.limits)
-        wait = refusal(wants, tallies, host=host, group=card.group, now=clock)
+        wait = refusal(wants, tallies, group=card.group)
         if wait is not None:
             found[card.id] = wait
     return Waits(clock=clock, waits=found)
@@ -109,13 +109,13 @@ def limits_doc(
     if not settings.limits:
         return []
     every = tuple(settings.limits.items())
-    clock, tallies = store.limit_tallies(every, now=now)
+    clock, tallies = store.limit_tallies(every, now=now, host=host)
     ready = store.ready_cards(limit=SCANNED)
     waits = card_waits(settings, store, ready, now=now, host=host)
     titles = {card.id: card.title for card in ready}
     fires = _waiting_fires(settings, ledger)
     return [
-        _limit_doc(name, spec, tallies.get(name, Tally()), waits, titles, fires, clock, host)
+        _limit_doc(name, spec, tallies.get(name, Tally()), waits, titles, fires, clock)
         for name, spec in settings.limits.items()
     ]
 
@@ -128,9 +128,8 @@ def _limit_doc(
     titles: Mapping[str, str],
     fires: Sequence[tuple[FireRecord, tuple[str, ...]]],
     clock: float,
-    host: str | None,
 ) -> dict[str, Any]:
-    seen = usage(name, spec, tally, host=host, group=None, now=clock)
+    seen = usage(name, spec, tally, group=None)
     cards = [
         {"id": card_id, "title": titles.get(card_id, ""), "wait": wait.describe(clock)}
         for card_id, wait in waits.waits.items()
@@ -142,11 +141,7 @@ def _limit_doc(
         if name in uses
     ]
     cap = spec.per_group.concurrency if spec.per_group else None
-    groups: dict[str | None, int] = {}
-    for (where, group), count in tally.open.items():
-        if spec.scope is LimitScope.CLUSTER or where == host:
-            groups[group] = groups.get(group, 0) + count
-    busiest = sorted(groups.items(), key=lambda item: (-item[1], item[0] or ""))[:BUSIEST]
+    busiest = sorted(tally.groups.items(), key=lambda item: (-item[1], item[0] or ""))[:BUSIEST]
     return {
         "name": name,
         "scope": spec.scope.value,

@@ -214,10 +214,12 @@ class PgBoardStore(SqlBoardStore):
         assert isinstance(conn, Qmark)
         return database_clock(conn) + self.shift()
 
-    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
         with self.db.read() as conn:
             clock = self._clock(conn)
-            return clock, holds.tallies(conn, wants, clock)
+            return clock, holds.tallies(conn, wants, clock, host=host, every_group=True)
 
     def _insert_claim(
         self,

@@ -118,10 +118,12 @@ class PgLedger(Ledger):
             host = None if self.stamp is None else self.stamp.host_id
             return self._take(tx, row_id, change, wants, clock, host=host)
 
-    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
         with self.db.read() as conn:
             clock = database_clock(conn) + self.shift()
-            return clock, holds.tallies(conn, wants, clock)
+            return clock, holds.tallies(conn, wants, clock, host=host, every_group=True)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:

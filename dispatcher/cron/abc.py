@@ -125,7 +125,9 @@ class LedgerStore(abc.ABC):
         reaches ``done`` by any update releases what it took."""
 
     @abc.abstractmethod
-    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
         """What the holds of ``wants`` say now, and the time they were read at (as
         :meth:`dispatcher.kanban.abc.BoardStore.limit_tallies`)."""
 

@@ -249,9 +249,11 @@ class Ledger(LedgerStore):
             return Take(taken=False, wait=wait)
         return Take(taken=tx.update(row_id, (Status.CLAIMED,), change))
 
-    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
         with self.db.read() as conn:
-            return now, holds.tallies(conn, wants, now)
+            return now, holds.tallies(conn, wants, now, host=host, every_group=True)
 
     def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
         """Rows that are not done (optionally only these statuses), oldest first."""

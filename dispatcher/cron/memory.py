@@ -175,8 +175,10 @@ class MemoryLedger(LedgerStore):
                 return Take(taken=False, wait=wait)
             return Take(taken=self.update(row_id, (Status.CLAIMED,), change))
 
-    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
-        return now, self.holds.tallies(wants, now)
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        return now, self.holds.tallies(wants, now, host=host, every_group=True)
 
     def job_states(self) -> dict[str, JobState]:
         with self._lock:

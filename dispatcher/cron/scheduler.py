@@ -417,8 +417,8 @@ class CronScheduler:
         wants = self._wants(job)
         if not wants:
             return
-        clock, tallies = self.ledger.limit_tallies(wants, now=self.clock.time())
-        wait = refusal(wants, tallies, host=self._host(), group=None, now=clock)
+        clock, tallies = self.ledger.limit_tallies(wants, now=self.clock.time(), host=self._host())
+        wait = refusal(wants, tallies, group=None)
         if wait is not None:
             raise CronError(
                 f"{wait.describe(clock)}: the job waits for it",

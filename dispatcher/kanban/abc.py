@@ -194,9 +194,12 @@ class BoardStore(abc.ABC):
         store's clock (:meth:`limit_tallies`)."""
 
     @abc.abstractmethod
-    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
-        """What the holds of ``wants`` say now, and the time they were read at: ``now`` on
-        one host, the database's clock in a cluster (rates count on it there)."""
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        """What the holds of ``wants`` count for a start on ``host`` now (the open holds of
+        every group), and the time they were read at: ``now`` on one host, the database's
+        clock in a cluster (rates count on it there)."""
 
     @abc.abstractmethod
     def prune_holds(self, before: float) -> int:

@@ -329,8 +329,10 @@ class MemoryBoardStore(BoardStore):
             self._version += 1
             return Claim(verdict=ClaimVerdict.CLAIMED, run=run)
 
-    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
-        return now, self.holds.tallies(wants, now)
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        return now, self.holds.tallies(wants, now, host=host, every_group=True)
 
     def prune_holds(self, before: float) -> int:
         return self.holds.prune(before)

@@ -354,9 +354,11 @@ class SqlBoardStore(SqlBoard):
             self._bump(conn)
             return Claim(verdict=ClaimVerdict.CLAIMED, run=self._load_run(conn, run_id))
 
-    def limit_tallies(self, wants: Wants, *, now: float) -> tuple[float, dict[str, Tally]]:
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
         with self.db.read() as conn:
-            return now, holds.tallies(conn, wants, now)
+            return now, holds.tallies(conn, wants, now, host=host, every_group=True)
 
     def prune_holds(self, before: float) -> int:
         with self.db.write() as conn:

@@ -278,7 +278,7 @@ class KanbanDispatcher:
     def _plan(self, card: Card, assignee_max: int | None, wants: Wants, work: _Pass) -> None:
         """Dry run: would ``card`` be claimed, counting the claims planned so far?"""
         mine = work.open_by_assignee.get(card.assignee, 0)
-        wait = refusal(wants, work.tallies, host=None, group=card.group, now=work.clock)
+        wait = refusal(wants, work.tallies, group=card.group)
         if work.open_total >= self.settings.max_in_progress:
             work.budget_full = True
         elif assignee_max is not None and mine >= assignee_max:
@@ -291,8 +291,10 @@ class KanbanDispatcher:
             work.open_total += 1
             work.open_by_assignee[card.assignee] = mine + 1
             work.claims += 1
-            for name, _ in wants:
-                work.tallies[name] = planned_hold(work.tallies.get(name), card.group, work.clock)
+            for name, spec in wants:
+                work.tallies[name] = planned_hold(
+                    work.tallies.get(name), spec, card.group, work.clock
+                )
             return
         work.deferred.append(card.id)
 
@@ -432,9 +434,14 @@ class KanbanDispatcher:
         return self.runs.close_from_session(run, session, now)
 
 
-def planned_hold(tally: Tally | None, group: str | None, now: float) -> Tally:
-    """``tally`` with one more open hold (and start) for ``group``: a dry run's planned claim."""
+def planned_hold(tally: Tally | None, spec: LimitSpec, group: str | None, now: float) -> Tally:
+    """``tally`` with one more open hold and start for ``group``: a dry run's planned claim
+    (a rate it fills counts as full from ``now``, so a dry run never promises more starts
+    than a tick would make)."""
     base = tally or Tally()
-    opened = dict(base.open)
-    opened[(None, group)] = opened.get((None, group), 0) + 1
-    return Tally(open=opened, starts=(*base.starts, (now, None)))
+    groups = dict(base.groups)
+    groups[group] = groups.get(group, 0) + 1
+    nth = base.nth_start
+    if nth is None and spec.rate is not None and base.starts + 1 >= spec.rate.starts:
+        nth = now
+    return Tally(in_use=base.in_use + 1, groups=groups, starts=base.starts + 1, nth_start=nth)

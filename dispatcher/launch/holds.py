@@ -23,11 +23,20 @@ a memory board and a memory ledger makes them share limits, as one database does
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from dispatcher.launch.limits import LimitWait, Tally, Wants, refusal
+from dispatcher.launch.limits import (
+    Held,
+    LimitScope,
+    LimitSpec,
+    LimitWait,
+    Tally,
+    Wants,
+    refusal,
+    tally_of,
+)
 
 __all__ = [
     "Holder",
@@ -73,34 +82,71 @@ class Taking:
 
 
 def tallies(
-    conn: _Connection, wants: Wants, now: float, *, since: Mapping[str, float] | None = None
+    conn: _Connection,
+    wants: Wants,
+    now: float,
+    *,
+    host: str | None = None,
+    group: str | None = None,
+    every_group: bool = False,
 ) -> dict[str, Tally]:
-    """What the holds of ``wants`` say at ``now``: open holds by (host, group), and for each
-    rate the starts of its window (``since``: an earlier start per name, to read more)."""
-    if not wants:
-        return {}
-    names = [name for name, _ in wants]
-    marks = ", ".join("?" for _ in names)
-    opened: dict[str, dict[tuple[str | None, str | None], int]] = {name: {} for name in names}
-    for row in conn.execute(
-        "SELECT limit_name, host_id, group_name, count(*) FROM limit_holds"  # noqa: S608
-        f" WHERE released_at IS NULL AND limit_name IN ({marks})"
-        " GROUP BY limit_name, host_id, group_name",
-        names,
-    ).fetchall():
-        opened[row[0]][(row[1], row[2])] = int(row[3])
+    """What the holds of ``wants`` count for a start on ``host`` in ``group`` at ``now`` (as
+    :func:`~dispatcher.launch.limits.tally_of` defines it): one statement per limit, each
+    count an index range (``every_group``: the open holds of every group, for views)."""
     found = {}
     for name, spec in wants:
-        starts: tuple[tuple[float, str | None], ...] = ()
+        where, extra = _counted(spec, host)
+        parts = [_count(_OPEN + where)]
+        params: list[Any] = [name, *extra]
+        if spec.per_group is not None and not every_group:
+            parts.append(_count(_OPEN + _group(group) + where))
+            params += [name, *([] if group is None else [group]), *extra]
         if spec.rate is not None:
-            begin = min(now - spec.rate.window, (since or {}).get(name, now))
-            rows = conn.execute(
-                "SELECT taken_at, host_id FROM limit_holds WHERE limit_name = ? AND taken_at > ?",
-                (name, begin),
-            ).fetchall()
-            starts = tuple((float(row[0]), row[1]) for row in rows)
-        found[name] = Tally(open=opened[name], starts=starts)
+            parts.append(_count(_STARTED + where))
+            params += [name, now - spec.rate.window, *extra]
+        row = conn.execute("SELECT " + ", ".join(parts), params).fetchone()
+        groups: dict[str | None, int] = {}
+        if every_group:
+            for counted in conn.execute(
+                f"SELECT group_name, count(*) FROM limit_holds WHERE {_OPEN}{where}"  # noqa: S608
+                " GROUP BY group_name",
+                [name, *extra],
+            ).fetchall():
+                groups[counted[0]] = int(counted[1])
+        elif spec.per_group is not None:
+            groups[group] = int(row[1])
+        starts = int(row[-1]) if spec.rate is not None else 0
+        nth = None
+        if spec.rate is not None and starts >= spec.rate.starts:
+            nth_row = conn.execute(
+                f"SELECT taken_at FROM limit_holds WHERE {_STARTED}{where}"  # noqa: S608
+                " ORDER BY taken_at DESC LIMIT 1 OFFSET ?",
+                [name, now - spec.rate.window, *extra, spec.rate.starts - 1],
+            ).fetchone()
+            nth = float(nth_row[0])
+        found[name] = Tally(in_use=int(row[0]), groups=groups, starts=starts, nth_start=nth)
     return found
+
+
+def _count(condition: str) -> str:
+    # Conditions are built from the constants here, never from input.
+    return f"(SELECT count(*) FROM limit_holds WHERE {condition})"  # noqa: S608
+
+
+_OPEN = "limit_name = ? AND released_at IS NULL"
+_STARTED = "limit_name = ? AND taken_at > ?"
+
+
+def _counted(spec: LimitSpec, host: str | None) -> tuple[str, list[Any]]:
+    """The condition that keeps only the holds ``spec`` counts for ``host`` (a host-scoped
+    limit counts its own host's; a host of None is a single host, whose holds are all its)."""
+    if spec.scope is LimitScope.HOST and host is not None:
+        return " AND host_id = ?", [host]
+    return "", []
+
+
+def _group(group: str | None) -> str:
+    return " AND group_name IS NULL" if group is None else " AND group_name = ?"
 
 
 def try_take(conn: _Connection, taking: Taking, now: float) -> LimitWait | None:
@@ -108,8 +154,8 @@ def try_take(conn: _Connection, taking: Taking, now: float) -> LimitWait | None:
     caller holds the lock that serializes takings (see the module docstring)."""
     if not taking.wants:
         return None
-    seen = tallies(conn, taking.wants, now)
-    wait = refusal(taking.wants, seen, host=taking.host, group=taking.group, now=now)
+    seen = tallies(conn, taking.wants, now, host=taking.host, group=taking.group)
+    wait = refusal(taking.wants, seen, group=taking.group)
     if wait is not None:
         return wait
     for name in taking.names():
@@ -159,10 +205,7 @@ def horizon(windows: Iterable[float]) -> float:
 class _Hold:
     limit: str
     holder: Holder
-    host: str | None
-    group: str | None
-    taken_at: float
-    released_at: float | None = None
+    held: Held
 
 
 class MemoryHolds:
@@ -173,39 +216,36 @@ class MemoryHolds:
         self._lock = threading.RLock()
         self._holds: list[_Hold] = []
 
-    def tallies(self, wants: Wants, now: float) -> dict[str, Tally]:
+    def tallies(
+        self,
+        wants: Wants,
+        now: float,
+        *,
+        host: str | None = None,
+        group: str | None = None,
+        every_group: bool = False,
+    ) -> dict[str, Tally]:
         """As :func:`tallies`."""
         with self._lock:
             found = {}
             for name, spec in wants:
-                opened: dict[tuple[str | None, str | None], int] = {}
-                starts = []
-                for hold in self._holds:
-                    if hold.limit != name:
-                        continue
-                    if hold.released_at is None:
-                        key = (hold.host, hold.group)
-                        opened[key] = opened.get(key, 0) + 1
-                    if spec.rate is not None and hold.taken_at > now - spec.rate.window:
-                        starts.append((hold.taken_at, hold.host))
-                found[name] = Tally(open=opened, starts=tuple(starts))
+                mine = [h.held for h in self._holds if h.limit == name]
+                tally = tally_of(spec, mine, host=host, now=now)
+                if not every_group:
+                    wanted = {group: tally.groups.get(group, 0)} if spec.per_group else {}
+                    tally = replace(tally, groups=wanted)
+                found[name] = tally
             return found
 
     def try_take(self, taking: Taking, now: float) -> LimitWait | None:
         """As :func:`try_take`."""
         with self._lock:
-            seen = self.tallies(taking.wants, now)
-            wait = refusal(taking.wants, seen, host=taking.host, group=taking.group, now=now)
+            seen = self.tallies(taking.wants, now, host=taking.host, group=taking.group)
+            wait = refusal(taking.wants, seen, group=taking.group)
             if wait is None:
+                held = Held(host=taking.host, group=taking.group, taken_at=now)
                 self._holds += [
-                    _Hold(
-                        limit=name,
-                        holder=taking.holder,
-                        host=taking.host,
-                        group=taking.group,
-                        taken_at=now,
-                    )
-                    for name in taking.names()
+                    _Hold(limit=name, holder=taking.holder, held=held) for name in taking.names()
                 ]
             return wait
 
@@ -213,14 +253,14 @@ class MemoryHolds:
         """As :func:`release`."""
         with self._lock:
             self._holds = [
-                replace(h, released_at=now) if h.holder == holder and h.released_at is None else h
+                replace(h, held=replace(h.held, released=True)) if h.holder == holder else h
                 for h in self._holds
             ]
 
     def prune(self, before: float) -> int:
         """As :func:`prune`."""
         with self._lock:
-            kept = [h for h in self._holds if h.released_at is None or h.taken_at >= before]
+            kept = [h for h in self._holds if not h.held.released or h.held.taken_at >= before]
             removed = len(self._holds) - len(kept)
             self._holds = kept
             return removed

@@ -47,6 +47,7 @@ from scope.foundation.values import format_duration, parse_duration
 
 __all__ = [
     "MAX_WINDOW",
+    "Held",
     "LimitScope",
     "LimitSpec",
     "LimitWait",
@@ -59,6 +60,7 @@ __all__ = [
     "Wants",
     "parse_rate",
     "refusal",
+    "tally_of",
     "usage",
     "wants_of",
 ]
@@ -179,16 +181,54 @@ def wants_of(uses: Iterable[str], limits: Mapping[str, LimitSpec]) -> Wants:
 
 @dataclass(frozen=True, kw_only=True)
 class Tally:
-    """What a store read about one limit: its open holds by (host, group), and the starts
-    (time, host) recent enough to matter for its rate window."""
+    """One limit as a store counted it for a start on one host at one moment: its open holds
+    (this host's only, for ``scope: host``), those of each group read, and the starts its
+    rate window counts."""
 
-    open: Mapping[tuple[str | None, str | None], int] = field(default_factory=dict)
-    starts: tuple[tuple[float, str | None], ...] = ()
+    in_use: int = 0
+    groups: Mapping[str | None, int] = field(default_factory=dict)
+    """Open holds by card group (the groups read: the start's own, or every group)."""
+    starts: int = 0
+    """Starts in the rate window ending now."""
+    nth_start: float | None = None
+    """The ``rate.starts``-th most recent of those starts (None: fewer were counted): when it
+    leaves the window, the window lets the next start in."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Held:
+    """One hold as the pure functions see it (what the in-memory store keeps)."""
+
+    host: str | None
+    group: str | None
+    taken_at: float
+    released: bool = False
+
+
+def tally_of(spec: LimitSpec, holds: Iterable[Held], *, host: str | None, now: float) -> Tally:
+    """The :class:`Tally` of ``holds`` (one limit's) for a start on ``host`` at ``now``: the
+    reference the SQL stores' counts follow. A host of None is the single host of a SQLite
+    board: every hold is its own."""
+    counted = [
+        h for h in holds if spec.scope is LimitScope.CLUSTER or host is None or h.host == host
+    ]
+    opened = [h for h in counted if not h.released]
+    groups: dict[str | None, int] = {}
+    for hold in opened:
+        groups[hold.group] = groups.get(hold.group, 0) + 1
+    starts: list[float] = []
+    if spec.rate is not None:
+        since = now - spec.rate.window
+        starts = sorted((h.taken_at for h in counted if h.taken_at > since), reverse=True)
+    nth = None
+    if spec.rate is not None and len(starts) >= spec.rate.starts:
+        nth = starts[spec.rate.starts - 1]
+    return Tally(in_use=len(opened), groups=groups, starts=len(starts), nth_start=nth)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Usage:
-    """One limit as a start on ``host`` in ``group`` sees it at ``now``."""
+    """One limit as a start in ``group`` sees it."""
 
     name: str
     spec: LimitSpec
@@ -203,37 +243,18 @@ class Usage:
     """When the rate window next lets a start through (None: it does now)."""
 
 
-def usage(
-    name: str,
-    spec: LimitSpec,
-    tally: Tally,
-    *,
-    host: str | None,
-    group: str | None,
-    now: float,
-) -> Usage:
-    """How full ``name`` is for a start on ``host`` in ``group`` at ``now``."""
-
-    def counted(where: str | None) -> bool:
-        return spec.scope is LimitScope.CLUSTER or where == host
-
-    in_use = sum(n for (where, _), n in tally.open.items() if counted(where))
-    mine = sum(n for (where, g), n in tally.open.items() if counted(where) and g == group)
-    starts: list[float] = []
+def usage(name: str, spec: LimitSpec, tally: Tally, *, group: str | None) -> Usage:
+    """How full ``name`` is for a start in ``group``, from the store's :class:`Tally`."""
     next_start = None
-    if spec.rate is not None:
-        since = now - spec.rate.window
-        starts = sorted(at for at, where in tally.starts if at > since and counted(where))
-        if len(starts) >= spec.rate.starts:
-            # The window lets a start through once all but N-1 of these have left it.
-            next_start = starts[len(starts) - spec.rate.starts] + spec.rate.window
+    if spec.rate is not None and tally.nth_start is not None:
+        next_start = tally.nth_start + spec.rate.window
     return Usage(
         name=name,
         spec=spec,
-        in_use=in_use,
+        in_use=tally.in_use,
         group=group,
-        group_in_use=mine,
-        starts=len(starts),
+        group_in_use=tally.groups.get(group, 0),
+        starts=tally.starts,
         next_start=next_start,
     )
 
@@ -287,18 +308,12 @@ class LimitWait:
         }
 
 
-def refusal(
-    wants: Wants,
-    tallies: Mapping[str, Tally],
-    *,
-    host: str | None,
-    group: str | None,
-    now: float,
-) -> LimitWait | None:
-    """Whether a start that takes ``wants`` must wait, from what the store read (``tallies``
-    by name; a limit not read counts as empty). None: every limit has room, take them all."""
+def refusal(wants: Wants, tallies: Mapping[str, Tally], *, group: str | None) -> LimitWait | None:
+    """Whether a start in ``group`` that takes ``wants`` must wait, from what the store
+    counted for it (``tallies`` by name; a limit not read counts as empty). None: every limit
+    has room, take them all."""
     for name, spec in wants:
-        seen = usage(name, spec, tallies.get(name, Tally()), host=host, group=group, now=now)
+        seen = usage(name, spec, tallies.get(name, Tally()), group=group)
         if spec.concurrency is not None and seen.in_use >= spec.concurrency:
             return LimitWait(
                 limit=name,

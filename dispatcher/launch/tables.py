@@ -22,7 +22,7 @@ CREATE TABLE limit_holds (
     taken_at {real} NOT NULL,
     released_at {real}
 );
-CREATE INDEX limit_holds_open ON limit_holds (limit_name, host_id, group_name)
+CREATE INDEX limit_holds_open ON limit_holds (limit_name, group_name, host_id)
     WHERE released_at IS NULL;
 CREATE INDEX limit_holds_taken ON limit_holds (limit_name, taken_at);
 CREATE INDEX limit_holds_holder ON limit_holds (holder_kind, holder_id)

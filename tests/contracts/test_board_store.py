@@ -530,7 +530,7 @@ def test_a_concurrency_limit_holds_until_a_run_ends(store: BoardStore) -> None:
     assert refused.wait is not None and refused.wait.describe(now) == "limit api (2 of 2 running)"
     assert store.get_card(cards[2]).status is CardStatus.READY  # nothing was written
     seen, tallies = store.limit_tallies(two.wants, now=now)
-    assert sum(tallies["api"].open.values()) == 2 and abs(seen - now) < 60
+    assert tallies["api"].in_use == 2 and abs(seen - now) < 60
     assert runs[0] is not None
     finish(store, runs[0].run_id, now)
     assert store.claim(cards[2], now=now, claimer=ME, limits=two).verdict is ClaimVerdict.CLAIMED
@@ -547,7 +547,7 @@ def test_limits_are_taken_all_or_none(store: BoardStore) -> None:
     assert refused.verdict is ClaimVerdict.LIMIT and refused.wait is not None
     assert refused.wait.limit == "full"
     _, tallies = store.limit_tallies(both.wants, now=now)
-    assert sum(tallies["free"].open.values()) == 0  # the free one was not half-taken
+    assert tallies["free"].in_use == 0  # the free one was not half-taken
 
 
 def test_per_group_caps_each_group_and_the_cards_without_one(store: BoardStore) -> None:
@@ -589,4 +589,4 @@ def test_released_holds_are_pruned_but_open_ones_stay(store: BoardStore) -> None
     assert store.prune_holds(NOW - 1) == 0
     assert store.prune_holds(NOW + 3600) == 1
     _, tallies = store.limit_tallies(api.wants, now=at(store, NOW + 3600))
-    assert sum(tallies["api"].open.values()) == 1
+    assert tallies["api"].in_use == 1

@@ -220,7 +220,7 @@ def test_a_fire_takes_its_limits_as_it_starts_and_frees_them_as_it_settles(
     assert held.wait.describe(NOW) == "limit api (1 of 1 running)"
     assert ledger.get(second).status is Status.CLAIMED  # nothing changed
     _, tallies = ledger.limit_tallies(ONE, now=NOW)
-    assert sum(tallies["api"].open.values()) == 1
+    assert tallies["api"].in_use == 1
     done = FireChange(status=Status.DONE, outcome=Outcome.COMPLETED, ended_at=NOW + 1)
     assert ledger.update(first, (Status.SPAWNING,), done)
     assert ledger.take(second, _taking(), ONE, now=NOW + 1).taken
@@ -233,7 +233,7 @@ def test_a_fire_no_longer_claimed_takes_no_limit(ledger: LedgerStore) -> None:
     assert ledger.update(gone, (Status.CLAIMED,), replaced)
     assert ledger.take(gone, _taking(), ONE, now=NOW) == Take(taken=False)
     _, tallies = ledger.limit_tallies(ONE, now=NOW)
-    assert sum(tallies["api"].open.values()) == 0
+    assert tallies["api"].in_use == 0
 
 
 @pytest.fixture(params=BACKENDS)
