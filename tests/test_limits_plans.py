@@ -106,9 +106,9 @@ def _scan(line: str) -> bool:
     for table in BIG_TABLES:
         if f"Seq Scan on {table}" in text:  # PostgreSQL
             return True
-        if text.startswith(("SCAN", "|--SCAN", "`--SCAN")) or " SCAN " in f" {text} ":
-            if table in text and "USING" not in text:  # SQLite: a scan without an index
-                return True
+        sqlite_scan = text.startswith(("SCAN", "|--SCAN", "`--SCAN")) or " SCAN " in f" {text} "
+        if sqlite_scan and table in text and "USING" not in text:  # SQLite: no index
+            return True
     return False
 
 
