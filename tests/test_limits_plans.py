@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dispatcher.app.database import open_state
-from dispatcher.cluster.board import PgBoardStore
+from dispatcher.cluster.board import _CLOCK, _FACTS, PgBoardStore
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.launch import holds
@@ -148,6 +148,10 @@ def test_postgres_plans_use_indexes(cluster_db: ClusterDB) -> None:
         store = PgBoardStore(cluster_db)
         store.db = recorder
         statements = exercise(conn, recorder, store)
+        # The claim's own counts: the limits' counts inside its facts statement.
+        parts, counted = holds.counts(WANTS, 0.0, host="h", group="g7", clock=_CLOCK)
+        facts = (0.0, "h", "a", "c_0000000001", "h", 1, 0.0, *counted)
+        statements.append((", ".join([_FACTS, *parts]), facts))
         plans = {
             sql: "\n".join(str(row[0]) for row in conn.execute("EXPLAIN " + sql, params).fetchall())
             for sql, params in statements

@@ -300,6 +300,9 @@ def test_the_sql_counts_equal_the_reference(
         reference.starts,
         reference.nth_start,
     )
+    uncapped = replace(spec, concurrency=None)  # the claim skips a count it does not check
+    (lean,) = holds.tallies(conn, (("x", uncapped),), NOW, host=host, group=group).values()
+    assert (lean.in_use, lean.groups) == (0, found.groups)
     assert found.groups == {group: reference.groups.get(group, 0)}
     (every,) = holds.tallies(conn, (("x", spec),), NOW, host=host, every_group=True).values()
     assert every.groups == reference.groups

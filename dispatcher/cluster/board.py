@@ -44,6 +44,7 @@ from dispatcher.launch import holds
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.holds import Holder, Taking
 from dispatcher.launch.limits import Tally, Wants
+from dispatcher.launch.limits import refusal as limit_refusal
 from dispatcher.launch.outcome import Outcome, Result
 
 
@@ -65,25 +66,36 @@ _PICK = (
     " SELECT picked.*, pg_advisory_xact_lock(?)::text AS gate FROM picked"
 )
 # Read after the budget lock (a new snapshot per statement), so every claim committed before
-# it is counted. Each count walks a partial index of open runs, never the board.
+# it is counted. Each count walks a partial index of open runs, never the board. ``clock`` is
+# the database's clock after the lock (moved by a test's shift): the time the claim's limits
+# are counted and taken at; the named limits' counts (holds.counts) follow the columns here.
 _FACTS = (
-    "SELECT (SELECT value FROM kanban_meta WHERE key = 'paused') AS paused,"
+    "WITH clock AS MATERIALIZED (SELECT extract(epoch FROM clock_timestamp())::float8 + ? AS t)"
+    " SELECT (SELECT value FROM kanban_meta WHERE key = 'paused') AS paused,"
     " (SELECT count(*) FROM kanban_runs WHERE outcome IS NULL) AS running,"
     " (SELECT count(*) FROM kanban_runs WHERE outcome IS NULL AND host_id = ?) AS host,"
     " (SELECT count(*) FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
     "  WHERE r.outcome IS NULL AND c.assignee = ?) AS mine,"
     " (SELECT count(*) FROM kanban_runs WHERE card_id = ?) AS attempts,"
     " EXISTS (SELECT 1 FROM hosts WHERE host_id = ? AND epoch = ?"
-    "  AND lease_until > now() + make_interval(secs => ?)) AS leased"
+    "  AND lease_until > now() + make_interval(secs => ?)) AS leased,"
+    " (SELECT t FROM clock) AS clock"
 )
+_FACT_COLUMNS = 7
+_CLOCK = "(SELECT t FROM clock)"
 
 
 @functools.cache
-def _claim_sql() -> str:
+def _claim_sql(marks: str = "") -> str:
+    """The claim's one statement; ``marks``: the ``VALUES`` of the run's limit holds (its
+    parameters come first)."""
     fields = rules.claimed_fields("", 0.0)
     assignments = ", ".join(f"{name} = ?" for name in (*fields, "updated_at"))
+    held = ""
+    if marks:  # marks and columns are constants of ours, never input
+        held = f"held AS (INSERT INTO limit_holds ({holds.HOLD_COLUMNS}) VALUES {marks}),"  # noqa: S608
     return (
-        "WITH run AS (INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at,"  # noqa: S608
+        f"WITH {held} run AS (INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at,"  # noqa: S608
         " claimer_pid, claimer_start, claimer_boot, host_id, epoch)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         " RETURNING *),"
@@ -171,8 +183,13 @@ class PgBoardStore(SqlBoardStore):
             if row is None:
                 return Claim(verdict=ClaimVerdict.NOT_READY)
             card = card_of(row, ())
+            shift = self.shift()
+            parts, counted = holds.counts(
+                limits.wants, 0.0, host=host, group=card.group, clock=_CLOCK
+            )
             facts = conn.execute(
-                _FACTS, (host, card.assignee, card_id, host, epoch, self.shift())
+                ", ".join([_FACTS, *parts]),
+                (shift, host, card.assignee, card_id, host, epoch, shift, *counted),
             ).fetchone()
             assert facts is not None  # a SELECT without FROM returns its one row
             refusal = rules.claim_refusal(
@@ -195,17 +212,20 @@ class PgBoardStore(SqlBoardStore):
             if refusal is not None:
                 return Claim(verdict=refusal)
             run_id = RUN_IDS.new()
-            if limits.wants:
-                # Still under the budget lock: the holds read here are every hold committed.
-                taking = Taking(
-                    wants=limits.wants, holder=Holder("run", run_id), host=host, group=card.group
-                )
-                wait = holds.try_take(conn, taking, self._clock(conn))
-                if wait is not None:
-                    return Claim(verdict=ClaimVerdict.LIMIT, wait=wait)
+            # Still under the budget lock: the holds read here are every hold committed; the
+            # claim's statement writes the new ones with the run.
+            taking = Taking(
+                wants=limits.wants, holder=Holder("run", run_id), host=host, group=card.group
+            )
+            clock = float(facts["clock"])
+            values = list(facts)[_FACT_COLUMNS:]
+            seen = holds.read_counts(conn, values, limits.wants, clock, host=host, group=card.group)
+            wait = limit_refusal(limits.wants, seen, group=card.group)
+            if wait is not None:
+                return Claim(verdict=ClaimVerdict.LIMIT, wait=wait)
             self.fault.reach("claim_counted")
             attempt = int(facts["attempts"]) + 1
-            run = self._insert_claim(conn, run_id, card, attempt, now, claimer)
+            run = self._insert_claim(conn, taking, card, attempt, now, claimer, clock)
         return Claim(verdict=ClaimVerdict.CLAIMED, run=run)
 
     def _clock(self, conn: SqlConnection) -> float:
@@ -224,19 +244,23 @@ class PgBoardStore(SqlBoardStore):
     def _insert_claim(
         self,
         conn: SqlConnection,
-        run_id: str,
+        taking: Taking,
         card: Card,
         attempt: int,
         now: float,
         claimer: Claimant,
+        clock: float,
     ) -> Run:
         stamp = self.stamp
         card_id = card.id
+        run_id = taking.holder.id
+        marks, held = holds.rows(taking, clock) if taking.wants else ("", [])
         fields = rules.claimed_fields(run_id, now)
         data = json.dumps({"attempt": attempt, "claimer_pid": claimer.pid})
         got = conn.execute(
-            _claim_sql(),
+            _claim_sql(marks),
             (
+                *held,
                 run_id,
                 card_id,
                 attempt,

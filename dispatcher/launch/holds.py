@@ -91,41 +91,103 @@ def tallies(
     every_group: bool = False,
 ) -> dict[str, Tally]:
     """What the holds of ``wants`` count for a start on ``host`` in ``group`` at ``now`` (as
-    :func:`~dispatcher.launch.limits.tally_of` defines it): one statement per limit, each
-    count an index range (``every_group``: the open holds of every group, for views)."""
-    found = {}
+    :func:`~dispatcher.launch.limits.tally_of` defines it, apart from ``in_use`` of a limit
+    without a concurrency cap, which a claim does not need: it stays 0): one statement for
+    every limit together, each count an index range (``every_group``: everything, with the
+    open holds of every group, for views, one statement per limit)."""
+    if every_group:
+        return {name: _tally_of_all(conn, name, spec, now, host) for name, spec in wants}
+    parts, params = counts(wants, now, host=host, group=group)
+    values = list(conn.execute("SELECT " + ", ".join(parts), params).fetchone()) if parts else []
+    return read_counts(conn, values, wants, now, host=host, group=group)
+
+
+def counts(
+    wants: Wants,
+    now: float,
+    *,
+    host: str | None,
+    group: str | None,
+    clock: str | None = None,
+) -> tuple[list[str], list[Any]]:
+    """The counts a claim of ``wants`` needs, as SELECT expressions and their parameters (so a
+    store may put them into a statement of its own; :func:`read_counts` reads them back).
+    ``clock``: an SQL expression for now (a cluster's statement clock); None: ``now``."""
+    parts: list[str] = []
+    params: list[Any] = []
     for name, spec in wants:
         where, extra = _counted(spec, host)
-        parts = [_count(_OPEN + where)]
-        params: list[Any] = [name, *extra]
-        if spec.per_group is not None and not every_group:
+        if spec.concurrency is not None:
+            parts.append(_count(_OPEN + where))
+            params += [name, *extra]
+        if spec.per_group is not None:
             parts.append(_count(_OPEN + _group(group) + where))
             params += [name, *([] if group is None else [group]), *extra]
         if spec.rate is not None:
-            parts.append(_count(_STARTED + where))
-            params += [name, now - spec.rate.window, *extra]
-        row = conn.execute("SELECT " + ", ".join(parts), params).fetchone()
-        groups: dict[str | None, int] = {}
-        if every_group:
-            for counted in conn.execute(
-                f"SELECT group_name, count(*) FROM limit_holds WHERE {_OPEN}{where}"  # noqa: S608
-                " GROUP BY group_name",
-                [name, *extra],
-            ).fetchall():
-                groups[counted[0]] = int(counted[1])
-        elif spec.per_group is not None:
-            groups[group] = int(row[1])
-        starts = int(row[-1]) if spec.rate is not None else 0
+            since = "?" if clock is None else f"{clock} - ?"
+            parts.append(_count(f"limit_name = ? AND taken_at > {since}{where}"))
+            window = now - spec.rate.window if clock is None else spec.rate.window
+            params += [name, window, *extra]
+    return parts, params
+
+
+def read_counts(
+    conn: _Connection,
+    values: list[Any],
+    wants: Wants,
+    now: float,
+    *,
+    host: str | None,
+    group: str | None,
+) -> dict[str, Tally]:
+    """The tallies from the values of :func:`counts` (in order), reading a full rate window's
+    oldest counted start (the time the next start waits for) only when a window is full."""
+    found = {}
+    for name, spec in wants:
+        in_use = int(values.pop(0)) if spec.concurrency is not None else 0
+        groups = {group: int(values.pop(0))} if spec.per_group is not None else {}
+        starts = int(values.pop(0)) if spec.rate is not None else 0
         nth = None
         if spec.rate is not None and starts >= spec.rate.starts:
-            nth_row = conn.execute(
-                f"SELECT taken_at FROM limit_holds WHERE {_STARTED}{where}"  # noqa: S608
-                " ORDER BY taken_at DESC LIMIT 1 OFFSET ?",
-                [name, now - spec.rate.window, *extra, spec.rate.starts - 1],
-            ).fetchone()
-            nth = float(nth_row[0])
-        found[name] = Tally(in_use=int(row[0]), groups=groups, starts=starts, nth_start=nth)
+            where, extra = _counted(spec, host)
+            nth = _nth_start(conn, name, where, extra, now - spec.rate.window, spec.rate.starts)
+        found[name] = Tally(in_use=in_use, groups=groups, starts=starts, nth_start=nth)
     return found
+
+
+def _tally_of_all(
+    conn: _Connection, name: str, spec: LimitSpec, now: float, host: str | None
+) -> Tally:
+    """Everything about one limit (views): its open holds, by group, and its window."""
+    where, extra = _counted(spec, host)
+    groups: dict[str | None, int] = {}
+    for counted in conn.execute(
+        f"SELECT group_name, count(*) FROM limit_holds WHERE {_OPEN}{where}"  # noqa: S608
+        " GROUP BY group_name",
+        [name, *extra],
+    ).fetchall():
+        groups[counted[0]] = int(counted[1])
+    starts, nth = 0, None
+    if spec.rate is not None:
+        since = now - spec.rate.window
+        row = conn.execute(f"SELECT {_count(_STARTED + where)}", [name, since, *extra]).fetchone()
+        starts = int(row[0])
+        if starts >= spec.rate.starts:
+            nth = _nth_start(conn, name, where, extra, since, spec.rate.starts)
+    return Tally(in_use=sum(groups.values()), groups=groups, starts=starts, nth_start=nth)
+
+
+def _nth_start(
+    conn: _Connection, name: str, where: str, extra: list[Any], since: float, nth: int
+) -> float:
+    """The ``nth`` most recent start of ``name`` after ``since`` (read only when the window is
+    full: the time the next start waits for)."""
+    row = conn.execute(
+        f"SELECT taken_at FROM limit_holds WHERE {_STARTED}{where}"  # noqa: S608
+        " ORDER BY taken_at DESC LIMIT 1 OFFSET ?",
+        [name, since, *extra, nth - 1],
+    ).fetchone()
+    return float(row[0])
 
 
 def _count(condition: str) -> str:
@@ -149,22 +211,38 @@ def _group(group: str | None) -> str:
     return " AND group_name IS NULL" if group is None else " AND group_name = ?"
 
 
-def try_take(conn: _Connection, taking: Taking, now: float) -> LimitWait | None:
-    """Take every limit of ``taking`` at ``now``, or none: the wait when one is full. The
-    caller holds the lock that serializes takings (see the module docstring)."""
+def check(conn: _Connection, taking: Taking, now: float) -> LimitWait | None:
+    """Whether ``taking`` must wait (the first full limit), read inside the caller's lock."""
     if not taking.wants:
         return None
     seen = tallies(conn, taking.wants, now, host=taking.host, group=taking.group)
-    wait = refusal(taking.wants, seen, group=taking.group)
-    if wait is not None:
-        return wait
-    for name in taking.names():
-        conn.execute(
-            "INSERT INTO limit_holds (limit_name, holder_kind, holder_id, host_id, group_name,"
-            " taken_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (name, taking.holder.kind, taking.holder.id, taking.host, taking.group, now),
-        )
-    return None
+    return refusal(taking.wants, seen, group=taking.group)
+
+
+def rows(taking: Taking, now: float) -> tuple[str, list[Any]]:
+    """``VALUES`` marks for ``limit_holds (HOLD_COLUMNS)`` and their values: one hold per limit
+    of ``taking``, taken at ``now`` (a PostgreSQL claim writes them in its one statement)."""
+    marks = ", ".join("(?, ?, ?, ?, ?, ?)" for _ in taking.wants)
+    holder = taking.holder
+    values = [
+        value
+        for name in taking.names()
+        for value in (name, holder.kind, holder.id, taking.host, taking.group, now)
+    ]
+    return marks, values
+
+
+HOLD_COLUMNS = "limit_name, holder_kind, holder_id, host_id, group_name, taken_at"
+
+
+def try_take(conn: _Connection, taking: Taking, now: float) -> LimitWait | None:
+    """Take every limit of ``taking`` at ``now``, or none: the wait when one is full. The
+    caller holds the lock that serializes takings (see the module docstring)."""
+    wait = check(conn, taking, now)
+    if wait is None and taking.wants:
+        marks, values = rows(taking, now)
+        conn.execute(f"INSERT INTO limit_holds ({HOLD_COLUMNS}) VALUES {marks}", values)  # noqa: S608
+    return wait
 
 
 def release(conn: _Connection, holder: Holder, now: float) -> None:

@@ -311,31 +311,33 @@ class LimitWait:
 def refusal(wants: Wants, tallies: Mapping[str, Tally], *, group: str | None) -> LimitWait | None:
     """Whether a start in ``group`` that takes ``wants`` must wait, from what the store
     counted for it (``tallies`` by name; a limit not read counts as empty). None: every limit
-    has room, take them all."""
+    has room, take them all. (Called in every claim: it reads the tallies directly.)"""
+    empty = Tally()
     for name, spec in wants:
-        seen = usage(name, spec, tallies.get(name, Tally()), group=group)
-        if spec.concurrency is not None and seen.in_use >= spec.concurrency:
+        tally = tallies.get(name, empty)
+        if spec.concurrency is not None and tally.in_use >= spec.concurrency:
             return LimitWait(
                 limit=name,
                 kind=WaitKind.CONCURRENCY,
-                in_use=seen.in_use,
+                in_use=tally.in_use,
                 capacity=spec.concurrency,
             )
-        cap = spec.per_group.concurrency if spec.per_group else None
-        if cap is not None and seen.group_in_use >= cap:
-            return LimitWait(
-                limit=name,
-                kind=WaitKind.GROUP,
-                in_use=seen.group_in_use,
-                capacity=cap,
-                group=group,
-            )
-        if spec.rate is not None and seen.next_start is not None:
+        if spec.per_group is not None:
+            mine = tally.groups.get(group, 0)
+            if mine >= spec.per_group.concurrency:
+                return LimitWait(
+                    limit=name,
+                    kind=WaitKind.GROUP,
+                    in_use=mine,
+                    capacity=spec.per_group.concurrency,
+                    group=group,
+                )
+        if spec.rate is not None and tally.nth_start is not None:
             return LimitWait(
                 limit=name,
                 kind=WaitKind.RATE,
-                in_use=seen.starts,
+                in_use=tally.starts,
                 capacity=spec.rate.starts,
-                next_start=seen.next_start,
+                next_start=tally.nth_start + spec.rate.window,
             )
     return None

@@ -25,20 +25,21 @@ CREATE TABLE limit_holds (
 CREATE INDEX limit_holds_open ON limit_holds (limit_name, group_name, host_id)
     WHERE released_at IS NULL;
 CREATE INDEX limit_holds_taken ON limit_holds (limit_name, taken_at);
-CREATE INDEX limit_holds_holder ON limit_holds (holder_kind, holder_id)
-    WHERE released_at IS NULL;
+CREATE INDEX limit_holds_holder ON limit_holds (holder_kind, holder_id);
 """
 """The holds table (types filled in per database): the open holds of a limit, its starts in a
-window and a holder's open holds are each one index range, never a scan."""
+window and a holder's holds are each one index range, never a scan. Only the index that counts
+open holds is partial: a second partial index on the same condition would tempt PostgreSQL's
+planner to count a limit's holds through it, walking every open hold."""
 
 COMPONENT = Component(
     name="limits",
     migrations=(
         Migration(
             version=1,
-            apply=HOLDS_TABLE.format(
-                id="INTEGER PRIMARY KEY AUTOINCREMENT", text="TEXT", real="REAL"
-            ),
+            # No AUTOINCREMENT: the rowid grows anyway while the newest row stays (prune keeps
+            # the recent ones), and the sequence table would cost every claim a write.
+            apply=HOLDS_TABLE.format(id="INTEGER PRIMARY KEY", text="TEXT", real="REAL"),
             note="named limits' holds",
         ),
     ),
