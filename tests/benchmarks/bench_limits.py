@@ -3,8 +3,9 @@
 (a) *claim cost*: the claim transaction on a board of 100,000 ready cards in 1,000 groups with
 50 limits defined (each card's assignee, one of 5, uses 3 of them, none full; a day of
 released holds behind each limit, so the rate windows have starts to count) against a claim
-with no limits on a board of 1,000 ready cards, interleaved, median per claim; on SQLite (the single host; CPU time of this
-process, where the whole claim runs, so other load on a shared machine does not count) and,
+with no limits on a board of 1,000 ready cards, interleaved, median per claim; on SQLite (the
+single host; CPU time of this process, where the whole claim runs, so other load on a shared
+machine does not count) and,
 when a PostgreSQL server can be started, on PostgreSQL (wall time: the server does half the
 work). Target <= 1.5x. For context, the same limited claim on a 1,000-card board: the ratio of
 the two says whether a claim's cost grows with the board or the holds' history (the counts
