@@ -14,6 +14,7 @@ from dispatcher.cluster.settings import ClusterSettings
 from dispatcher.commonsettings import JOB_ID_PATTERN
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.kanban.settings import Assignee, KanbanSettings
+from dispatcher.launch.admission import AdmissionSettings
 from dispatcher.launch.limits import LimitSpec
 from dispatcher.notify.settings import NotifySettings
 from registry.settings import RegistrySettings
@@ -77,6 +78,12 @@ class Settings:
         kind=Record(NotifySettings),
         doc="Notifications (webhooks and commands) of chosen events.",
     )
+    admission: AdmissionSettings = setting(
+        default_factory=AdmissionSettings,
+        kind=Record(AdmissionSettings),
+        doc="Admission under pressure: this host holds new claims and cron starts while "
+        "memory (or CPU) is short. See docs/resources.md.",
+    )
     limits: dict[str, LimitSpec] = setting(
         default_factory=dict,
         kind=MapOf(Record(LimitSpec), JOB_ID_PATTERN, "limit names are [a-z0-9][a-z0-9_-]*"),
@@ -116,6 +123,45 @@ class Settings:
                 resources.over(default)
             except Invalid as err:
                 raise Invalid(f"{err.problem} (over scope.resources)", path + err.path) from None
+        self._check_retry_classes(default)
+
+    def _check_retry_classes(self, default: ScopeProperties) -> None:
+        """A retry rule's class lands on each worker it may retry: it must fit over that
+        worker's class and ``scope.resources`` as well."""
+        for name, assignee in self.kanban.assignees.items():
+            own = assignee.retry is not None
+            policy = assignee.retry if own else self.kanban.retry
+            where = ("kanban", "assignees", name, "retry") if own else ("kanban", "retry")
+            for index, rule in enumerate(policy.rules if policy else ()):
+                if rule.resources is None:
+                    continue
+                try:
+                    rule.resources.over(assignee.resources.over(default))
+                except Invalid as err:
+                    raise Invalid(
+                        f"{err.problem} (over kanban.assignees.{name}.resources and "
+                        "scope.resources)",
+                        (*where, "rules", index, "resources", *err.path),
+                    ) from None
+
+    def classes(self) -> dict[str, ScopeProperties]:
+        """Every worker class that sets something, by where it is written, merged over
+        ``scope.resources`` (``scope.resources`` itself first): what ``dispatch doctor`` checks
+        against this host's controllers."""
+        default = self.scope.properties()
+        found = {"scope.resources": default} if default.limits else {}
+        for name, assignee in self.kanban.assignees.items():
+            own = assignee.resources.over(default)
+            found[f"kanban.assignees.{name}.resources"] = own
+            policy = assignee.retry or self.kanban.retry
+            where = f"kanban.assignees.{name}.retry" if assignee.retry else "kanban.retry"
+            for index, rule in enumerate(policy.rules if policy else ()):
+                if rule.resources is not None:
+                    label = f"{where}.rules[{index}].resources (for {name})"
+                    found[label] = rule.resources.over(own)
+        for job in self.cron.jobs:
+            found[f"cron.jobs[{job.id}].resources"] = job.resources.over(default)
+        return {key: value for key, value in found.items() if value.limits}
 
 
 SCHEMA = Record(Settings)

@@ -40,13 +40,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.usage import Usage
+from registry.usage import ResourceClass, Usage
 from scope.abc import CallerKind, Placement, ScopeProperties
 from scope.foundation.ids import IdKind
 
 SESSION_IDS = IdKind(name="session", prefix="s_", digits=12, listing="dispatch ps --all")
-"""Session ids: ``s_`` + 12 hex digits, looked up by prefix as every id is
-(:func:`scope.foundation.ids.lookup`)."""
+"""Session ids (``s_`` + 12 hex digits), found by prefix (:func:`scope.foundation.ids.lookup`)."""
 
 
 class SessionState(enum.StrEnum):
@@ -177,6 +176,7 @@ class Session:
     """The owner that handed the session to its current owner."""
     usage: Usage | None = None
     """What the worker used, read in its own scope as it ended (:mod:`registry.usage`)."""
+    resources: ResourceClass | None = None
 
     @property
     def finished(self) -> bool:

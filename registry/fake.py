@@ -56,7 +56,8 @@ from registry.output.redact import Redactor
 from registry.settings import RegistrySettings
 from registry.store.events import new_event_id
 from registry.store.retention import due_for_pruning
-from scope.abc import Placement, Scoper
+from registry.usage import ResourceClass
+from scope.abc import Placement, ScopeProperties, Scoper
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, lookup
@@ -265,6 +266,9 @@ class FakeRegistry(Registry):
             notify=request.notify or heartbeat is not None,
             heartbeat=heartbeat,
             watch=watch,
+            resources=ResourceClass.of(request.resources or ScopeProperties())
+            if placement is Placement.SCOPED
+            else None,
         )
         with self._cond:
             self.sessions[sid] = session

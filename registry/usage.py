@@ -1,4 +1,5 @@
-"""What a worker used, as its keeper read it from its own scope when the worker ended.
+"""What a worker was given and what it used: the resource class its scope got at the start
+(:class:`ResourceClass`), and its keeper's reading of its own scope when it ended (:class:`Usage`).
 
 The keeper (``registry/keeper/program.py``) writes these fields under ``usage`` in
 ``exit.json``; the registry stores them with the session. ``oom_kills`` counts the kernel's OOM
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from scope.foundation.values import format_size
+from scope.resources import LIMIT_KEYS, ScopeProperties, describe
 
-__all__ = ["OOM_EXIT", "Usage", "oom_reason"]
+__all__ = ["OOM_EXIT", "ResourceClass", "Usage", "oom_reason"]
 
 OOM_EXIT = 128 + 9
 """How a shell reports a child killed by SIGKILL (``sh -c`` around the real worker)."""
@@ -71,6 +73,47 @@ class Usage:
             "cgroup": self.cgroup,
         }
         return {key: value for key, value in found.items() if value is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceClass:
+    """The resource class a worker's scope was given: its own over ``scope.resources``, in
+    canonical values (bytes, seconds, percent), and the keys of it this host does not enforce
+    (started anyway: ``best_effort``). Sessions without a scope of their own have none."""
+
+    limits: Mapping[str, int | float]
+    ineffective: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, props: ScopeProperties, ineffective: tuple[str, ...] = ()) -> ResourceClass:
+        """The record of a class as the scope layer applied it."""
+        return cls(limits=dict(props.limits), ineffective=tuple(ineffective))
+
+    def describe(self) -> str:
+        """``memory_max 512MiB, cpu_quota 150%`` (``default`` when nothing is set), with the
+        keys this host did not enforce named after it."""
+        text = describe(ScopeProperties(**self.limits))  # type: ignore[arg-type]
+        if self.ineffective:
+            text += f" (not enforced here: {', '.join(self.ineffective)})"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form."""
+        return {"limits": dict(self.limits), "ineffective": list(self.ineffective)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ResourceClass | None:
+        """Parse a stored class (None: nothing usable); unknown keys and junk are dropped."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("limits"), Mapping):
+            return None
+        limits: dict[str, int | float] = {}
+        for key, value in data["limits"].items():
+            number = _seconds(value)
+            if key in LIMIT_KEYS and number is not None:
+                limits[key] = value if isinstance(value, int) else number
+        skipped = data.get("ineffective")
+        names = skipped if isinstance(skipped, list) else []
+        return cls(limits=limits, ineffective=tuple(k for k in names if k in LIMIT_KEYS))
 
 
 def _count(value: Any) -> int | None:

@@ -151,6 +151,11 @@ class Launched:
     backend: str | None = None
     warning: str | None = None
     """Set for ``degraded``: the cause and remedy (already logged once per caller kind/cause)."""
+    resources: ScopeProperties | None = None
+    """The class the scope was given (the worker's over ``scope.resources``); None when the
+    process has no scope of its own."""
+    ineffective: tuple[str, ...] = ()
+    """Keys of that class this host does not enforce (started anyway: ``best_effort``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

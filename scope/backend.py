@@ -32,3 +32,9 @@ class UnitBackend(ScopeBackend):
     @abc.abstractmethod
     def manager_version(self) -> str:
         """The manager's version string; raises ``ScopeError`` when it cannot be reached."""
+
+    @abc.abstractmethod
+    def manager_control_group(self) -> str:
+        """The manager's root cgroup (its ``ControlGroup`` property, e.g.
+        ``/user.slice/user-1000.slice/user@1000.service``); raises ``ScopeError`` when it
+        cannot be reached."""

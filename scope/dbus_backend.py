@@ -409,14 +409,29 @@ class DbusBackend(UnitBackend):
     def manager_version(self) -> str:
         """The manager's ``Version`` property (doctor)."""
         address = self._address(None)
-        return self._run(self._version(address), timeout=self.timeout, unit=None, op="Get Version")
+        return self._run(
+            self._manager_property(address, "Version"),
+            timeout=self.timeout,
+            unit=None,
+            op="Get Version",
+        )
 
-    async def _version(self, address: str) -> str:
+    async def _manager_property(self, address: str, name: str) -> str:
         conn = await self._connection(address)
         (value,) = await self._call(
-            conn, SYSTEMD, SYSTEMD_PATH, PROPERTIES, "Get", "ss", [MANAGER, "Version"], unit=None
+            conn, SYSTEMD, SYSTEMD_PATH, PROPERTIES, "Get", "ss", [MANAGER, name], unit=None
         )
         return str(value.value)
+
+    def manager_control_group(self) -> str:
+        """The manager's ``ControlGroup`` property (which controllers it may use)."""
+        address = self._address(None)
+        return self._run(
+            self._manager_property(address, "ControlGroup"),
+            timeout=self.timeout,
+            unit=None,
+            op="Get ControlGroup",
+        )
 
     def close(self) -> None:
         """Disconnect and stop the loop thread (bounded)."""

@@ -8,6 +8,8 @@ shape is fixed by the issue; other areas may add keys (the gateway adds ``units`
      "manager": {"reachable", "kind", "version"},
      "probe": {"ok", "backend", "elapsed_ms", "detail"},
      "placement": {"gateway_cron", "gateway_kanban", "oneshot", "cli"},   # value or "refused"
+     "resources": {"layout", "cgroup2_mount", "manager_cgroup", "controllers", "missing",
+                   "keys": {key: null (takes effect) or why not}, "remedies"},
      "problems": [str, ...],     # symptoms: what is wrong (not what to do)
      "remedies": [str, ...]}     # what to do, most durable first, each once
 """
@@ -20,10 +22,12 @@ from typing import Any
 
 from scope.abc import CallerKind, Placement
 from scope.errors import ScopeUnavailable
+from scope.hierarchy import ineffective, remedies
 from scope.placement import decide
+from scope.resources import LIMIT_KEYS, ScopeProperties
 from scope.systemd import SystemdScoper
 
-__all__ = ["REFUSED", "booted_with_systemd", "diagnose", "healthy"]
+__all__ = ["REFUSED", "booted_with_systemd", "diagnose", "healthy", "resources_report"]
 
 REFUSED = "refused"
 
@@ -104,6 +108,7 @@ def diagnose(
             "detail": verdict.detail,
         },
         "placement": placement,
+        "resources": resources_report(scoper),
         "problems": problems,
         "remedies": remedies,
     }
@@ -124,6 +129,30 @@ _UNBOOTED_REMEDIES = (
     "under a service manager that kills its children on stop (not systemd), set "
     "kanban.degrade_without_scope: true or keep the gateway outside it",
 )
+
+
+# Every key set: which of them the manager's scopes would enforce on this host.
+_EVERY_KEY = ScopeProperties(
+    memory_high=1,
+    memory_max=1,
+    memory_swap_max=0,
+    cpu_weight=1,
+    cpu_quota=1.0,
+    tasks_max=1,
+    io_weight=1,
+    runtime_max=1.0,
+)
+
+
+def resources_report(scoper: SystemdScoper) -> dict[str, Any]:
+    """Which class keys take effect for this host's scopes, and what makes the rest work."""
+    controllers = scoper.controllers(force=True)
+    found = ineffective(_EVERY_KEY, controllers)
+    why = {item.key: item.reason for item in found}
+    report = controllers.to_json()
+    report["keys"] = {key: why.get(key) for key in LIMIT_KEYS}
+    report["remedies"] = remedies(found, controllers, uid=scoper.uid)
+    return report
 
 
 def healthy(report: dict[str, Any]) -> bool:

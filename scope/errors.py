@@ -30,6 +30,18 @@ class ScopeUnavailable(ScopeError):
         )
 
 
+class ClassUnavailable(ScopeUnavailable):
+    """A worker's resource class cannot take effect on this host (a controller the manager
+    cannot use, a cgroup v2 limit on cgroup v1) and ``best_effort`` is off: the worker is
+    refused rather than started unbounded. ``cause`` names each key and why."""
+
+    def describe(self) -> str:
+        return (
+            f"refused to start a {self.fields['caller']} worker: its resource class cannot "
+            f"take effect here: {self.fields['cause']}"
+        )
+
+
 class ManagerLost(ScopeError):
     """A scoped spawn failed because the systemd manager (or its bus) is no longer reachable."""
 

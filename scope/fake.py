@@ -39,6 +39,7 @@ from scope.errors import ManagerLost
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.procstat import group_members, read_stat
 from scope.gate import Gate
+from scope.hierarchy import Controllers, admit
 from scope.placement import decide
 from scope.spawn import popen
 from scope.unitname import scope_name
@@ -89,6 +90,10 @@ class FakeScoper(Scoper):
         self.probe_detail = probe_detail
         self.clock: Clock = clock or SystemClock()
         self.launched: list[Launched] = []
+        self.controllers: Controllers | None = None
+        """What the fake manager can use for its scopes (None: every controller); a class
+        that needs more is refused or, with ``best_effort``, started as the real scoper
+        does (:func:`scope.hierarchy.admit`)."""
         self.warnings = WarnOnce()
         self._lose_next = False
         self._units: dict[str, _FakeUnit] = {}
@@ -178,6 +183,15 @@ class FakeScoper(Scoper):
         return launched
 
     def _launch_scoped(self, spec: LaunchSpec, caller: CallerKind) -> Launched:
+        skipped: tuple[str, ...] = ()
+        if self.controllers is not None and spec.resources is not None:
+            skipped = admit(
+                spec.resources,
+                self.controllers,
+                caller=caller.value,
+                uid=os.getuid(),
+                warnings=self.warnings,
+            )
         unit = scope_name(caller.value, spec.unit_parts)
         if self._lose_next:
             self._lose_next = False
@@ -209,6 +223,8 @@ class FakeScoper(Scoper):
             placement=Placement.SCOPED,
             unit=unit,
             backend=BACKEND,
+            resources=spec.resources,
+            ineffective=skipped,
         )
 
     def unit_pids(self, unit: str) -> list[int] | None:

@@ -291,8 +291,15 @@ class SystemdRunBackend(UnitBackend):
 
     def manager_version(self) -> str:
         """The manager's version, via ``systemctl show``."""
+        return self._manager_property("Version")
+
+    def manager_control_group(self) -> str:
+        """The manager's ``ControlGroup``, via ``systemctl show``."""
+        return self._manager_property("ControlGroup")
+
+    def _manager_property(self, name: str) -> str:
         info = self._info(None)
-        done = self._systemctl(info, "show", "--property=Version", "--value")
+        done = self._systemctl(info, "show", f"--property={name}", "--value")
         if done.returncode != 0:
             raise from_process(
                 "systemctl show", done.returncode, done.stderr, backend=self.name, unit=None

@@ -10,6 +10,7 @@ probe verdict and raises :class:`~scope.errors.ManagerLost`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ from scope.abc import (
     Facts,
     Launched,
     LaunchSpec,
+    ManagerKind,
     Placement,
     Policy,
     ProbeVerdict,
@@ -37,8 +39,17 @@ from scope.cgroup import cgroup_procs
 from scope.errors import BusError, ManagerLost, ScopeError
 from scope.facts import caller_unit, login_name
 from scope.foundation.clock import Clock, SystemClock
+from scope.hierarchy import (
+    CONTROLLERS,
+    Controllers,
+    Layout,
+    admit,
+    needs_controllers,
+    read_controllers,
+)
 from scope.placement import decide
 from scope.probe import Probe
+from scope.resources import ScopeProperties
 from scope.settings import ScopeSettings
 from scope.spawn import abandon, popen
 from scope.translate import ScopeStartFailed, ScopeTimeout
@@ -107,6 +118,7 @@ class SystemdScoper(Scoper):
             self._backends.append(self._dbus_backend)
         if kind in (BackendKind.AUTO, BackendKind.SYSTEMD_RUN):
             self._backends.append(self._run_backend)
+        self._controllers: tuple[float, Controllers] | None = None
         self._probe = Probe(
             self._check,
             ttl=settings.probe_ttl,
@@ -170,11 +182,22 @@ class SystemdScoper(Scoper):
         caller = CallerKind(caller)
         decision = self.decide(caller, wants_isolation=wants_isolation)
         if decision.placement is Placement.SCOPED:
+            properties = self.class_of(spec)
+            skipped: tuple[str, ...] = ()
+            if needs_controllers(properties):
+                skipped = admit(
+                    properties,
+                    self.controllers(),
+                    caller=caller.value,
+                    uid=self.uid,
+                    warnings=self.warnings,
+                )
             unit = scope_name(caller.value, spec.unit_parts)
             try:
-                return self._place(spec, unit)
+                launched = self._place(spec, unit, properties=properties)
             except ScopeError as err:
                 raise self._after_failure(err, unit, caller) from err
+            return dataclasses.replace(launched, resources=properties, ineffective=skipped)
         warning = None
         if decision.warn:
             warning = (
@@ -190,15 +213,52 @@ class SystemdScoper(Scoper):
             process=process, pid=process.pid, placement=decision.placement, warning=warning
         )
 
-    def _place(self, spec: LaunchSpec, unit: str, timeout: float | None = None) -> Launched:
+    def class_of(self, spec: LaunchSpec) -> ScopeProperties:
+        """The class a scoped launch of ``spec`` gets: its own over ``scope.resources``."""
+        properties = self.settings.properties()
+        return properties if spec.resources is None else spec.resources.over(properties)
+
+    def controllers(self, *, force: bool = False) -> Controllers:
+        """This host's cgroup layout and the controllers the manager can use for our scopes,
+        cached for ``scope.probe_ttl`` like the probe verdict (they change only when an
+        operator delegates controllers or reboots)."""
+        now = self.clock.monotonic()
+        cached = self._controllers
+        if not force and cached is not None and now - cached[0] < self.settings.probe_ttl:
+            return cached[1]
+        system = self.discover().manager is ManagerKind.SYSTEM
+        root: str | None = None
+        for backend in self._ops():
+            try:
+                root = backend.manager_control_group() or None
+                break
+            except ScopeError as err:
+                _log.debug("%s: no ControlGroup of the manager: %s", backend.name, err)
+        try:
+            found = read_controllers(root, system=system, proc=self._proc_root)
+        except (OSError, ValueError) as err:
+            why = f"cannot read the cgroup layout: {err}"
+            found = Controllers(layout=Layout.NONE, missing=dict.fromkeys(CONTROLLERS, why))
+        if root is not None or system:
+            # An unanswered question is asked again next time, not remembered for a TTL.
+            self._controllers = (now, found)
+        return found
+
+    def _place(
+        self,
+        spec: LaunchSpec,
+        unit: str,
+        timeout: float | None = None,
+        *,
+        properties: ScopeProperties | None = None,
+    ) -> Launched:
         """Try the configured backends in order within one bound; OSError (bad program or cwd)
         passes through untouched, as it would from ``Popen``."""
         bound = self.settings.probe_retry_timeout if timeout is None else timeout
         deadline = time.monotonic() + bound
         failures: list[tuple[str, ScopeError]] = []
-        properties = self.settings.properties()
-        if spec.resources is not None:
-            properties = spec.resources.over(properties)
+        if properties is None:
+            properties = self.class_of(spec)
         for backend in self._backends:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

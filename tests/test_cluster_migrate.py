@@ -26,6 +26,7 @@ from dispatcher.launch.limits import LimitSpec, Rate
 from dispatcher.launch.outbox import Outbox, Route, Subject
 from dispatcher.launch.outcome import Outcome, Result
 from dispatcher.notify.store import NotifyStore
+from dispatcher.tokens.store import TokenStore
 
 pytestmark = pytest.mark.postgres
 NOW = 1_800_000_000.0
@@ -78,8 +79,11 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
         queued = Outbox([Route(events=frozenset({"card.done"}), channels=("hook",))])
         with db.write() as conn:  # an undelivered notification moves with the board
             queued.record(conn, "card.done", {"card": {"id": child_id}}, Subject(), 1.0)
+        _token, text = TokenStore(db.read, db.write).create("ci", "read", now=NOW)
         result = migrate(db, cluster)
         after = PgBoardStore(cluster)
+        # An API token made on the single host is accepted by every host of the cluster.
+        assert TokenStore(cluster.read, cluster.write).authenticate(text, now=NOW).name == "ci"
         assert NotifyStore(cluster.read, cluster.write).list() == (
             NotifyStore(db.read, db.write).list()
         )
@@ -91,6 +95,7 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
             "cron_fires": 1,
             "cron_jobs": 1,
             "notify_outbox": 1,
+            "web_tokens": 1,
             "limit_holds": 1,
         }
         assert result.paused and after.paused()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dispatcher.cron.errors import CronError
-from dispatcher.cron.hold import HELD_POLL, Hold, Verdict, decide
+from dispatcher.cron.hold import HELD_POLL, Verdict, Waiting, decide
 from dispatcher.cron.records import Status
 from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CronSettings, OverlapPolicy
@@ -38,15 +38,15 @@ DEPLOYS = {"deploys": LimitSpec(concurrency=1)}
         (100.0, 130.0, Verdict.WAIT, 130.0),  # a rate window says when
         (100.0, 900.0, Verdict.WAIT, 700.0),  # never past the deadline
         (699.0, None, Verdict.WAIT, 700.0),
-        (700.0, None, Verdict.MISS, 700.0),  # due 100 + deadline 600
+        (700.0, None, Verdict.MISS, 700.0),  # the deadline: due 100 + catch_up_window 600
         (5000.0, 130.0, Verdict.MISS, 5000.0),
     ],
 )
 def test_a_held_fire_waits_until_its_deadline_then_misses(
     now: float, retry_at: float | None, verdict: Verdict, look_at: float
 ) -> None:
-    hold = Hold(reason="limit x", detail="limit x (1 of 1 running)", retry_at=retry_at)
-    decision = decide(hold, due=100.0, deadline=600.0, now=now)
+    waiting = Waiting(reason="limit x", detail="limit x (1 of 1 running)", retry_at=retry_at)
+    decision = decide(waiting, deadline=700.0, now=now)
     assert (decision.verdict, decision.look_at) == (verdict, look_at)
 
 
@@ -126,7 +126,7 @@ def test_a_fire_held_by_a_kanban_run_starts_when_the_run_ends(rig: Rig) -> None:
 
 
 def test_a_fire_held_past_its_deadline_is_missed_with_the_reason(rig: Rig) -> None:
-    cron = rig.cron(job("release", uses=("deploys",), start_deadline=120.0), limits=DEPLOYS)
+    cron = rig.cron(job("release", uses=("deploys",), catch_up_window=120.0), limits=DEPLOYS)
     cron.tick()
     rig.kanban_run(DEPLOYS)
     cron.tick(rig.at("2026-01-05T10:00:00"))

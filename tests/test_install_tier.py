@@ -279,6 +279,13 @@ def test_web(user: User) -> None:
         assert answer.status == 200
         cards = user.json("kanban", "list")
         assert [c["title"] for c in cards] == ["posted from the wheel"]
+        # The HTTP API from the wheel: a token made by the installed CLI, one GET.
+        token = user.dispatch("web", "token", "create", "--name", "ci", "--scope", "read")
+        api = urllib.request.Request(
+            web.url + "/api/v1/cards", headers={"Authorization": f"Bearer {token.stdout.strip()}"}
+        )
+        with urllib.request.urlopen(api, timeout=30) as answer:
+            assert answer.status == 200 and json.loads(answer.read()) == cards
     finally:
         assert web.stop() == 0, web.errors
 

@@ -144,6 +144,8 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
     ("cluster", 3, ("dispatcher.cluster",)),
     # Notifications read the config into routes and deliver; the stores' write side is in launch.
     ("notify", 3, ("dispatcher.notify",)),
+    # The HTTP API's tokens: a store over the state or cluster database, no HTTP.
+    ("tokens", 3, ("dispatcher.tokens",)),
     (
         "app",
         4,

@@ -429,3 +429,16 @@ def test_breaker_blocks_and_pauses_are_their_own_events(tmp_path: Path) -> None:
         assert ledger.set_paused("nightly", True, NOW)
         (row,) = _notify_store(db, clustered=False).list()
         assert (row.event, json.loads(row.body)["job"]) == ("cron.paused", "nightly")
+
+
+def test_a_woken_look_claims_only_new_messages(books: tuple[SqlBoardStore, Any]) -> None:
+    """serve wakes its sender when the board changes: that look takes the messages made since
+    the last one, and leaves a backlog's retries to the poll (no burst beside every claim)."""
+    board, db = books
+    store = _notify_store(db, clustered=not isinstance(board, SqliteBoardStore))
+    old = _add(board)
+    board.add_card(NewCard(title="later", assignee="coder"), now=NOW + 100)
+    fresh = store.claim(now=NOW + 101, lease=30, created_since=NOW + 50)
+    assert [json.loads(d.body)["card"]["title"] for d in fresh] == ["later"]
+    rest = store.claim(now=NOW + 101, lease=30)
+    assert [json.loads(d.body)["card"]["id"] for d in rest] == [old]

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from dispatcher.launch.outcome import Outcome, outcome_of
+from dispatcher.launch.resources import human_size, resources_json, resources_text
 from registry.abc import Session, SessionState
 from registry.keeper.files import ExitRecord
 from registry.keeper.program import cgroup_usage
-from registry.usage import Usage, oom_reason
+from registry.usage import ResourceClass, Usage, oom_reason
 from scope import open_scoper
 from scope.abc import CallerKind, Placement, Policy
 from scope.resources import ScopeProperties
@@ -185,6 +186,42 @@ def test_the_exit_record_carries_usage_and_tolerates_junk() -> None:
     assert ExitRecord.from_json({"state": "exited", "usage": None}).usage is None
 
 
+def test_a_stored_class_round_trips_and_tolerates_junk() -> None:
+    granted = ResourceClass.of(ScopeProperties(memory_max=2**30, cpu_quota=150.0), ("cpu_quota",))
+    assert ResourceClass.from_json(granted.to_json()) == granted
+    assert granted.describe() == "memory_max 1GiB, cpu_quota 150% (not enforced here: cpu_quota)"
+    junk = {"limits": {"memory_max": "x", "nosuch": 5, "tasks_max": 7}, "ineffective": "no"}
+    assert ResourceClass.from_json(junk) == ResourceClass(limits={"tasks_max": 7})
+    assert ResourceClass.from_json(None) is None and ResourceClass.from_json({}) is None
+
+
+def test_views_spell_the_class_peak_and_cpu_time() -> None:
+    assert [human_size(n) for n in (512, 1536, 47 << 20, 300 << 20, 5 << 30)] == [
+        "512B",
+        "1.5KiB",
+        "47.0MiB",
+        "300MiB",
+        "5.0GiB",
+    ]
+    ended = _session(
+        usage=Usage(memory_peak=31 << 20, cpu_time=0.42),
+        resources=ResourceClass.of(SMALL),
+    )
+    assert resources_text(ended) == "class memory_max 48MiB; peak 31.0MiB, cpu 0.4s"
+    assert resources_json(ended) == {
+        "resources": {
+            "class": "memory_max 48MiB",
+            "limits": {"memory_max": 48 << 20},
+            "not_enforced": [],
+        },
+        "memory_peak": 31 << 20,
+        "cpu_time": 0.42,
+    }
+    running = _session(state=SessionState.RUNNING, signal=None)
+    assert resources_text(running) == "" and resources_text(None) == ""
+    assert resources_json(None) == {"resources": None, "memory_peak": None, "cpu_time": None}
+
+
 # -- real scopes --------------------------------------------------------------------------------
 
 # Touches every page (bytes * n writes them), far past the class's memory_max; bounded at
@@ -217,6 +254,7 @@ def test_a_worker_past_memory_max_ends_oom_killed_across_a_restart(
         assert result.outcome is Outcome.OOM_KILLED
         assert result.error and "OOM killer at memory_max 48MiB (peak " in result.error
         assert done.completion_reason == result.error
+        assert done.resources == ResourceClass.of(SMALL)
     finally:
         scoper.close()
 

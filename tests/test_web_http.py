@@ -526,6 +526,35 @@ def _metrics(dash: Dash) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     return found
 
 
+def test_admission_on_the_status_page_and_in_metrics(dash: Dash) -> None:
+    from dispatcher.launch.pressure import PROC_ENV
+
+    proc = dash.root / "proc"
+    (proc / "pressure").mkdir(parents=True)
+    (proc / "pressure" / "memory").write_text("some avg10=34.00 avg60=1 avg300=0 total=1\n")
+    (proc / "meminfo").write_text("MemAvailable:   1048576 kB\n")
+    dash.source.environ[PROC_ENV] = str(proc)
+    calm = dash.client.get("/status").text
+    assert "taking new work" in calm and "34.0 % (PSI some avg10)" in calm
+    metrics = _metrics(dash)
+    assert metrics["dispatch_admission_memory_pressure_percent"][()] == 34.0
+    assert metrics["dispatch_admission_memory_available_bytes"][()] == 2**30
+    assert metrics["dispatch_admission_held"][(("reason", "memory_pressure"),)] == 0
+    # A oneshot tick decides (and records) the hold; the page and /metrics show it.
+    dash.env[PROC_ENV] = str(proc)
+    code, out, _err = dash.cli("kanban", "tick", "--json")
+    assert code == 0 and json.loads(out)["held"] == "memory pressure 34 %"
+    held = dash.client.get("/status").text
+    assert "holding new work" in held and "memory pressure 34 %" in held
+    assert "decided by kanban tick" in held
+    metrics = _metrics(dash)
+    assert metrics["dispatch_admission_held"][(("reason", "memory_pressure"),)] == 1
+    assert metrics["dispatch_admission_held"][(("reason", "cpu_pressure"),)] == 0
+    (proc / "pressure" / "memory").unlink()  # no PSI: the page says MemAvailable decides
+    assert "no PSI here" in dash.client.get("/status").text
+    assert "dispatch_admission_memory_pressure_percent" not in _metrics(dash)
+
+
 def test_metrics_match_the_board(dash: Dash) -> None:
     for title in ("one", "two", "three"):
         dash.add(title)

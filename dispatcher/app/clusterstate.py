@@ -27,6 +27,7 @@ from dispatcher.kanban.store import SqlBoardStore, SqliteBoardStore
 from dispatcher.launch.outbox import Outbox
 from dispatcher.notify.store import NotifyStore
 from dispatcher.settings import Settings
+from dispatcher.tokens.store import TokenStore
 from registry.store.database import StateDB
 
 if TYPE_CHECKING:
@@ -115,6 +116,14 @@ class ClusterState:
             db = self.db
             return NotifyStore(db.read, lambda: db.write(None), skip_locked=True)
         return NotifyStore(self.local.read, self.local.write)
+
+    def token_store(self) -> TokenStore:
+        """The HTTP API's tokens beside the board (cluster mode: every host's web accepts
+        them)."""
+        if self.db is not None:
+            db = self.db
+            return TokenStore(db.read, lambda: db.write(None))
+        return TokenStore(self.local.read, self.local.write)
 
     def run_hosts(self, card_id: str) -> dict[str, str | None]:
         """The host of each run of a card (empty for a single host)."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.app.clusterstate import open_cluster_state
 from dispatcher.app.cronjobs import CronJobs
+from dispatcher.app.documents import cron_entries, history_document, paused_document
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, int_arg
 from dispatcher.cron.crontab import parse as parse_crontab
@@ -28,6 +29,7 @@ from dispatcher.cron.timeline import EARLIEST, LATEST, CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
 from dispatcher.gateway.statusfile import scheduler_zone
 from dispatcher.launch.outcome import Outcome
+from dispatcher.launch.resources import sessions_of, used_text
 from dispatcher.timefmt import TimeView
 from scope.abc import CallerKind
 from scope.foundation.clock import SystemClock
@@ -37,10 +39,10 @@ from scope.foundation.values import ISO_HINT, parse_iso_time
 
 if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
+    from registry.abc import Session
 
 MAX_COUNT = 1000
 MAX_LIMIT = 1_000_000
-_EPOCH_KEYS = ("next_fire_at", "last_fire_at")
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -148,8 +150,7 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
         # The file is broken: show what the ledger knows about the jobs it has seen.
         entries += jobs.unconfigured_entries()
     if ctx.json:
-        # The epoch copies are for the table; JSON carries ISO-8601 only.
-        ctx.emit_json([{k: v for k, v in e.items() if k not in _EPOCH_KEYS} for e in entries])
+        ctx.emit_json(cron_entries(entries))
         return 0
     if not entries:
         if ctx.config_problem is not None:
@@ -263,7 +264,7 @@ def handle_resume(args: argparse.Namespace, ctx: Context) -> int:
 def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
     changed = _jobs(ctx).set_paused(args.job_id, paused, SystemClock().time())
     if ctx.json:
-        ctx.emit_json({"id": args.job_id, "paused": paused, "changed": changed})
+        ctx.emit_json(paused_document(args.job_id, paused, changed))
         return 0
     word = "paused" if paused else "resumed"
     ctx.out(f"{args.job_id}: {word}" if changed else f"{args.job_id}: already {word}")
@@ -283,18 +284,18 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
     # Cluster mode: the host that decided or ran each fire (a single host's ledger has none).
     fire_hosts = getattr(jobs.ledger, "fire_hosts", None)
     hosts = fire_hosts([row.id for row in rows]) if fire_hosts is not None else None
+    # Each fire's class, peak memory and CPU time come with its session (this host's).
+    ran = [row.session_id for row in rows if row.session_id]
+    sessions = sessions_of(_runtime(ctx).registry, ran) if ran else {}
     if ctx.json:
-        entries = [row_entry(row) for row in rows]
-        if hosts is not None:
-            for row, entry in zip(rows, entries, strict=True):
-                entry["host"] = hosts.get(row.id)
-        ctx.emit_json(entries)
+        ctx.emit_json(history_document(rows, hosts, sessions))
         return 0
     if not rows:
         ctx.out("no cron history")
         return 0
     times = ctx.times()
-    header = ["FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "ERROR"]
+    header = ["FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "CLASS", "USED"]
+    header.append("ERROR")
     if hosts is not None:
         header.insert(1, "HOST")
     table: list[tuple[str, ...]] = [tuple(header)]
@@ -310,6 +311,8 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
             row.placement or "-",
             row.session_id or "-",
             exit_text,
+            _class_text(sessions.get(row.session_id or "")),
+            used_text(sessions.get(row.session_id or "")) or "-",
             row.error or "",
         ]
         if hosts is not None:
@@ -317,6 +320,11 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
         table.append(tuple(cells))
     _table(ctx, table)
     return 0
+
+
+def _class_text(session: Session | None) -> str:
+    granted = session.resources if session is not None else None
+    return "-" if granted is None else granted.describe()
 
 
 # -- run -------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         ctx.environ,
         degrade_without_scope=settings.kanban.degrade_without_scope,
         extra_units=[Path(p) for p in args.unit],
+        classes=settings.classes(),
     )
     report["cluster"] = cluster_check(settings, ctx.state_dir, ctx.environ)
     ok = ok and (report["cluster"] is None or bool(report["cluster"]["ok"]))
@@ -55,6 +56,47 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     else:
         _print(ctx, report, ok)
     return EXIT_OK if ok else EXIT_UNHEALTHY
+
+
+_LAYOUTS = {
+    "v2": "cgroup v2 (unified)",
+    "hybrid": "hybrid (controllers on cgroup v1, cgroup2 holds none)",
+    "v1": "cgroup v1 (legacy)",
+    "none": "no cgroup filesystem",
+}
+
+
+def _print_resources(ctx: Context, resources: dict[str, Any]) -> None:
+    """The cgroup layout, the controllers our scopes get, which class keys take effect."""
+    where = resources["manager_cgroup"] or "unknown"
+    ctx.out(f"cgroups:   {_LAYOUTS.get(resources['layout'], resources['layout'])}")
+    if resources["manager_cgroup"] is None and resources["layout"] != "none":
+        ctx.out("           manager cgroup unknown (no manager answered): class keys not checked")
+        return
+    ctx.out(f"           manager cgroup {where}")
+    usable = resources["controllers"]
+    ctx.out(
+        "           controllers for our scopes: "
+        + ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in usable.items())
+    )
+    keys = resources["keys"]
+    effective = [key for key, why in keys.items() if why is None]
+    ctx.out(f"resources: take effect: {', '.join(effective) or 'none'}")
+    for key, why in keys.items():
+        if why is not None:
+            ctx.out(f"           no effect:   {key} ({why})")
+    for remedy in resources["remedies"]:
+        ctx.out(f"           to apply:    {remedy}")
+    for entry in resources.get("classes", []):
+        if not entry["ineffective"]:
+            state, tail = "ok", ""
+        elif entry["refused"]:
+            state, tail = "FAIL", "; its workers are refused"
+        else:
+            state, tail = "CHECK", "; its workers start without them (best_effort)"
+        missing = ", ".join(entry["ineffective"])
+        detail = f" ({missing} would not take effect{tail})" if missing else ""
+        ctx.out(f"class:     {state}  {entry['name']}: {entry['class']}{detail}")
 
 
 def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
@@ -80,6 +122,8 @@ def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
     ctx.out("placement:")
     for key, value in report["placement"].items():
         ctx.out(f"  {key:<15} {value}")
+    _print_resources(ctx, report["resources"])
+    ctx.out(f"admission: {report['admission']['detail']}")
     for unit in report.get("units", []):
         state = "ok" if unit["ok"] else "CHECK"
         ctx.out(f"unit:      {state}  {unit['path']} ({unit['manager']}, {unit['role']})")
@@ -100,8 +144,11 @@ def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
     if cluster is not None and not cluster["ok"]:
         ctx.out("unhealthy: this host cannot take its part in the cluster (see above)")
         return
+    refused = [c["name"] for c in report["resources"].get("classes", []) if c["refused"]]
     if ok:
         ctx.out("healthy: scoped placement works")
+    elif refused and report["probe"]["ok"]:
+        ctx.out(f"unhealthy: workers of {', '.join(refused)} are refused (see above)")
     elif not system["booted_with_systemd"]:
         ctx.out("unhealthy: no restart-safe scopes without systemd; workers run in_process")
     else:

@@ -45,6 +45,7 @@ READ_ONLY: dict[str, object] = {
     "cron history": True,
     "state check": True,
     "notify list": True,
+    "web token": lambda args: args.token_command == "list",  # noqa: S105 - a command name
 }
 """Commands that only read the state dir (by ``"group"`` or ``"group sub"``): they go on with
 the built-in defaults and one warning when the config file is broken (see

@@ -9,11 +9,9 @@ skew the host measured. Without a cluster database it says so and exits 2.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.timefmt import iso
 from scope.foundation.errors import UsageError
 
 DESCRIPTION = (
@@ -31,6 +29,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 def handle(args: argparse.Namespace, ctx: Context) -> int:
     """List the hosts."""
     from dispatcher.app.clusterstate import cluster_url, open_cluster_state
+    from dispatcher.app.documents import hosts_document
 
     url = cluster_url(ctx.settings, ctx.environ)
     if url is None and ctx.config_problem is not None:
@@ -44,17 +43,9 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
             remedy="set cluster.database in config.yaml or DISPATCH_DATABASE_URL",
         )
     with open_cluster_state(ctx.settings, ctx.state_dir, ctx.environ) as state:
-        assert state.hosts is not None and state.db is not None
+        assert state.hosts is not None
         rows = state.hosts.rows()
-        with state.db.read() as conn:
-            open_runs = {
-                r[0]: int(r[1])
-                for r in conn.execute(
-                    "SELECT host_id, count(*) FROM kanban_runs WHERE outcome IS NULL"
-                    " AND host_id IS NOT NULL GROUP BY host_id"
-                ).fetchall()
-            }
-    hosts = [_host_json(row, open_runs.get(row.host_id, 0)) for row in rows]
+        hosts = hosts_document(state, rows)
     if ctx.json:
         ctx.emit_json(hosts)
         return 0
@@ -74,17 +65,3 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
             f"{skew:>8}"
         )
     return 0
-
-
-def _host_json(row: Any, running: int) -> dict[str, Any]:
-    return {
-        "host_id": row.host_id,
-        "boot_id": row.boot_id,
-        "version": row.version,
-        "epoch": row.epoch,
-        "last_heartbeat": iso(row.heartbeat_at),
-        "lease_until": iso(row.lease_until),
-        "lease": "live" if row.live else "expired",
-        "running_runs": running,
-        "skew": row.skew,
-    }

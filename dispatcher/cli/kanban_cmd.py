@@ -15,6 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dispatcher.app.documents import (
+    board_document,
+    card_document,
+    card_waits_of,
+    listed_card_json,
+)
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
 from dispatcher.cli.options import positive_int, watch_options, watched
@@ -26,19 +32,19 @@ from dispatcher.cli.parser import (
     int_arg,
     path_arg,
 )
+from dispatcher.kanban.board import FAILURE_LIMIT_RANGE, PRIORITY_RANGE
 from dispatcher.kanban.model import MOVE_TARGETS, Card, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     SORT_KEYS,
     board_text,
     card_json,
     card_table,
-    show_json,
     show_text,
     sorted_cards,
     tick_json,
     tick_text,
-    unconfigured,
 )
+from dispatcher.launch.resources import resources_text, sessions_of
 from dispatcher.settings import Settings
 from dispatcher.timefmt import iso
 from scope.abc import CallerKind
@@ -50,8 +56,8 @@ if TYPE_CHECKING:
     from dispatcher.app.limitview import Waits
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-PRIORITY = int_arg(-(10**9), 10**9)
-FAILURE_LIMIT = int_arg(1, 10**6)
+PRIORITY = int_arg(*PRIORITY_RANGE)
+FAILURE_LIMIT = int_arg(*FAILURE_LIMIT_RANGE)
 CARD_HELP = "card id or a unique prefix (at least 4 characters)"
 GROUP_HELP = "the card's group (a customer, a tenant): claims take turns between groups"
 
@@ -337,7 +343,7 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
     assignees = _assignees(ctx)
     waits = _waits(ctx, workspace, cards)
     if ctx.json:
-        ctx.emit_json([_listed_json(c, assignees, waits) for c in cards])
+        ctx.emit_json([listed_card_json(c, assignees, waits) for c in cards])
     else:
         for line in card_table(cards, times=ctx.times(), assignees=assignees, waits=waits.texts()):
             ctx.out(line)
@@ -346,13 +352,11 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
 
 def _waits(ctx: Context, workspace: Workspace, cards: list[Card]) -> Waits:
     """Which full limit each card waits for (nothing while the config is not loaded)."""
-    from dispatcher.app.limitview import Waits, card_waits
+    from dispatcher.app.limitview import Waits
 
     if ctx.config_problem is not None:
         return Waits()
-    stamp = workspace.cluster.stamp
-    host = None if stamp is None else stamp.host_id
-    return card_waits(ctx.settings, workspace.store, cards, now=workspace.now(), host=host)
+    return card_waits_of(workspace, cards)
 
 
 def _assignees(ctx: Context) -> frozenset[str] | None:
@@ -362,35 +366,25 @@ def _assignees(ctx: Context) -> frozenset[str] | None:
     return frozenset(ctx.settings.kanban.assignees)
 
 
-def _listed_json(card: Card, assignees: frozenset[str] | None, waits: Waits) -> dict[str, object]:
-    """A card in a listing, with ``assignee_configured`` (true, false, or null when the
-    config is not loaded; done and archived cards need no assignee: true) and ``waiting``
-    (the full limit it waits for, or null)."""
-    known = None if assignees is None else not unconfigured(card, assignees)
-    return {**card_json(card), "assignee_configured": known, "waiting": waits.json(card.id)}
-
-
 def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     """One card with runs and events."""
     workspace = _workspace(ctx)
     card_id = workspace.store.resolve_card(args.id).id
     _refresh(ctx, workspace)
+    if ctx.json:
+        ctx.emit_json(card_document(workspace, card_id))
+        return 0
     card = workspace.store.get_card(card_id)
     runs = workspace.store.runs_of(card_id)
     events = workspace.store.events_of(card_id)
     hosts = workspace.run_hosts(card_id)
-    waits = _waits(ctx, workspace, [card])
-    if ctx.json:
-        doc = show_json(card, runs, events)
-        doc["waiting"] = waits.json(card.id)
-        for run in doc["runs"]:
-            run["host"] = hosts.get(run["run_id"])
-        ctx.emit_json(doc)
-    else:
-        shown = hosts if workspace.cluster.clustered else None
-        wait = waits.text(card.id)
-        for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, wait=wait):
-            ctx.out(line)
+    # Each run's class, peak memory and CPU time come with its session (this host's).
+    sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
+    used = {run.run_id: resources_text(sessions.get(run.session_id or "")) for run in runs}
+    shown = hosts if workspace.cluster.clustered else None
+    wait = _waits(ctx, workspace, [card]).text(card.id)
+    for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, used=used, wait=wait):
+        ctx.out(line)
     return 0
 
 
@@ -461,13 +455,7 @@ def _board_once(ctx: Context) -> int:
     assignees = _assignees(ctx)
     waits = _waits(ctx, workspace, cards)
     if ctx.json:
-        doc: dict[str, object] = {"paused": paused}
-        for status in CardStatus:
-            if status is not CardStatus.ARCHIVED:
-                doc[status.value] = [
-                    _listed_json(c, assignees, waits) for c in cards if c.status is status
-                ]
-        ctx.emit_json(doc)
+        ctx.emit_json(board_document(cards, paused=paused, assignees=assignees, waits=waits))
     else:
         for line in board_text(
             cards, paused=paused, times=ctx.times(), assignees=assignees, waits=waits.texts()
@@ -505,15 +493,35 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     if args.max is not None and args.max < 0:
         raise UsageError(f"--max {args.max}: must not be negative")
     workspace = _workspace(ctx)
-    report = workspace.tick(max_claims=args.max, dry_run=args.dry_run)
+    held = None if args.dry_run else _admission(ctx)
+    report = workspace.tick(max_claims=0 if held else args.max, dry_run=args.dry_run)
     for warning in report.warnings:
         ctx.warn(f"warning: {warning}")
     if ctx.json:
-        ctx.emit_json(tick_json(report))
+        ctx.emit_json({**tick_json(report), "held": held})
     else:
         for line in tick_text(report):
             ctx.out(line)
+        if held:
+            ctx.out(f"held: {held}: nothing claimed (admission); running workers continue")
     return 0
+
+
+def _admission(ctx: Context) -> str | None:
+    """This host's admission for a oneshot tick (continuing from the last verdict in the
+    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None."""
+    from dispatcher.gateway.admission import HostAdmission
+    from scope.foundation.clock import SystemClock
+
+    admission = HostAdmission(
+        lambda: ctx.settings.admission,
+        ctx.state_dir,
+        ctx.environ,
+        SystemClock(),
+        writer="kanban tick",
+    )
+    verdict = admission.check()
+    return (verdict.reason or "admission") if verdict.held else None
 
 
 # -- worker commands --------------------------------------------------------------------------

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 
+from dispatcher.app.documents import session_json
 from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.logs_cmd import session_id_for
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.cli.ps_cmd import describe_end, session_json
+from dispatcher.cli.ps_cmd import describe_end
 from dispatcher.cli.wait_cmd import duration_arg
 
 DESCRIPTION = (

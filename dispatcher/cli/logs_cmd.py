@@ -17,11 +17,11 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import BinaryIO
 
+from dispatcher.app.documents import session_json
 from dispatcher.app.runtime import Runtime, runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.options import since_arg
 from dispatcher.cli.parser import Parser, Subparsers, add_group, int_arg
-from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import exit_status
 from dispatcher.errors import DispatcherError
 from dispatcher.timefmt import viewer_zone

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
 
+from dispatcher.app.documents import select_sessions, session_json
 from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.options import positive_int, since_arg, watch_options, watched
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.timefmt import iso
 from registry.abc import Session, SessionState
 
 
@@ -49,25 +48,6 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     parser.set_defaults(handler=handle)
 
 
-def session_json(session: Session) -> dict[str, Any]:
-    """The JSON shape of a session (``ps --json`` and the other commands' ``--json``)."""
-    return {
-        "id": session.id,
-        "state": session.state.value,
-        "argv": list(session.argv),
-        "pid": session.worker_pid,
-        "placement": session.placement.value,
-        "unit": session.unit,
-        "owner": str(session.owner),
-        "started_at": iso(session.started_at),
-        "finished_at": iso(session.finished_at),
-        "exit_code": session.exit_code,
-        "signal": session.signal,
-        "completion_reason": session.completion_reason,
-        "log_path": session.log_path,
-    }
-
-
 def describe_end(session: Session) -> str:
     """``exit 3``, ``SIGKILL``, ``running`` ... for tables and one-line reports."""
     if not session.finished:
@@ -79,23 +59,15 @@ def describe_end(session: Session) -> str:
     return "-"
 
 
-def owner_matches(owner: str, wanted: str) -> bool:
-    """``--owner``: the same owner, or ``wanted`` is a prefix ending before a ``:`` (the rule
-    ``dispatch events --owner`` follows)."""
-    return owner == wanted or owner.startswith(wanted + ":")
-
-
 def select(sessions: Sequence[Session], args: argparse.Namespace, now: float) -> list[Session]:
     """The sessions ``--state``, ``--owner``, ``--since`` and ``--limit`` keep."""
-    since = since_arg(args.since, now) if args.since else None
-    kept = [
-        s
-        for s in sessions
-        if (not args.state or s.state.value in args.state)
-        and (args.owner is None or owner_matches(str(s.owner), args.owner))
-        and (since is None or (s.started_at or 0) >= since)
-    ]
-    return kept if args.limit is None else kept[: args.limit]
+    return select_sessions(
+        sessions,
+        states=args.state or (),
+        owner=args.owner,
+        since=since_arg(args.since, now) if args.since else None,
+        limit=args.limit,
+    )
 
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:

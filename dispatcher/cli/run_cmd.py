@@ -25,11 +25,11 @@ import getpass
 import os
 import re
 
+from dispatcher.app.documents import session_json
 from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.logs_cmd import stream
 from dispatcher.cli.parser import Parser, Subparsers, add_group, path_arg
-from dispatcher.cli.ps_cmd import session_json
 from dispatcher.cli.wait_cmd import (
     EXIT_TIMEOUT,
     duration_arg,

@@ -36,7 +36,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
 def _once(args: argparse.Namespace, ctx: Context) -> int:
     from dispatcher.app.runtime import runtime_from_context
     from dispatcher.gateway.clusterview import cluster_status
-    from dispatcher.gateway.report import status_document
+    from dispatcher.gateway.report import status_document, status_json
 
     times = ctx.times()
     try:
@@ -53,7 +53,7 @@ def _once(args: argparse.Namespace, ctx: Context) -> int:
         _without_database(ctx, err)
         raise
     if ctx.json:
-        ctx.emit_json(_json(doc))
+        ctx.emit_json(status_json(doc))
         return 0
     _human(ctx, doc, times)
     return 0
@@ -74,30 +74,6 @@ def _without_database(ctx: Context, err: StateError) -> None:
         ctx.out(f"serve:      running, pid {holder.pid}; its workers keep running")
     else:
         ctx.out("serve:      not running")
-
-
-def _json(doc: dict[str, Any]) -> dict[str, Any]:
-    serve = dict(doc["serve"])
-    for key in ("started_at", "updated_at"):
-        if key in serve:
-            serve[key] = iso(serve[key])
-    if "uptime" in serve:
-        serve["uptime_seconds"] = int(serve.pop("uptime"))
-    if serve.get("last_reload"):
-        reload = dict(serve["last_reload"])
-        for key in ("started_at", "finished_at"):
-            reload[key] = iso(reload[key])
-        serve["last_reload"] = reload
-    return {
-        **doc,
-        "serve": serve,
-        "next_cron_fires": None
-        if doc["next_cron_fires"] is None
-        else [
-            {"job_id": f["job_id"], "at": iso(f["at"], f["zone"])} for f in doc["next_cron_fires"]
-        ],
-        "recent_errors": [{**e, "at": iso(e.get("at"))} for e in doc["recent_errors"]],
-    }
 
 
 def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
@@ -122,6 +98,7 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
     cards = ", ".join(f"{k} {n}" for k, n in doc["cards"].items() if n) or "none"
     paused = " (claiming paused)" if doc["kanban_paused"] else ""
     ctx.out(f"cards:      {cards}{paused}")
+    ctx.out(f"admission:  {_admission_text(doc['admission'], times)}")
     _fires_lines(ctx, doc, times)
     for line in cluster_lines(doc.get("cluster")):
         ctx.out(line)
@@ -130,6 +107,18 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
         ctx.out("recent errors:")
         for error in errors:
             ctx.out(f"  {times.both(error.get('at'))}  {error['source']}: {error['message']}")
+
+
+def _admission_text(admission: dict[str, Any], times: TimeView) -> str:
+    """``taking new work (memory pressure 0 %, MemAvailable 5.2GiB)`` or the hold and why."""
+    now = admission["now"]
+    if not admission["enabled"]:
+        return f"off (admission.enabled: false; {now})"
+    if not admission["held"]:
+        return f"taking new work ({now})"
+    since = times.both(admission["since"]) if admission["since"] else "unknown"
+    who = admission["decided_by"] or "unknown"
+    return f"HOLDING new work since {since} ({who}): {admission['reason']}; now {now}"
 
 
 def _placement_text(doc: dict[str, Any], config_broken: bool) -> str:

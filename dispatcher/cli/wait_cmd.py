@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import signal
 
+from dispatcher.app.documents import session_json
 from dispatcher.app.runtime import runtime_from_context
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group
-from dispatcher.cli.ps_cmd import describe_end, session_json
+from dispatcher.cli.ps_cmd import describe_end
 from registry.abc import Session, SessionState, WaitOutcome
 from scope.foundation.errors import UsageError
 from scope.foundation.schema import Invalid, parse_duration

@@ -62,7 +62,16 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         action="store_true",
         help="print the sign-in link (it carries the secret) and exit",
     )
+    parser.add_argument(
+        "--api-only",
+        action="store_true",
+        help="serve only the HTTP API under /api/v1/ (no pages, no /metrics)",
+    )
     parser.set_defaults(handler=handle)
+    from dispatcher.cli import token_cmd
+
+    commands = parser.add_subparsers(dest="web_command", metavar="COMMAND", parser_class=Parser)
+    token_cmd.register(commands, common)
 
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
@@ -93,13 +102,15 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
         cookie=cookie_name(port),
         origin=origin,
     )
-    ctx.out(f"dispatch web: serving {ctx.state_dir} on {origin}/")
+    what = "the HTTP API" if args.api_only else ctx.state_dir
+    ctx.out(f"dispatch web: serving {what} on {origin}/")
     if ctx.environ.get("JOURNAL_STREAM"):
         # stdout is the journal: a log must never hold the secret.
         ctx.out("dispatch web: sign in with the link 'dispatch web --url' prints")
     else:
         ctx.out(f"dispatch web: sign in: {origin}/?token={secret}")
+    ctx.out(f"dispatch web: API: {origin}/api/v1/ (document: {origin}/api/v1/openapi.json)")
     ctx.stdout.flush()
     site = create_site(source, access)
-    started = serve(create_app(site), sock, on_stop=site.hub.close)
+    started = serve(create_app(site, api_only=args.api_only), sock, on_stop=site.hub.close)
     return 0 if started else 1

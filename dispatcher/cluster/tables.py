@@ -181,6 +181,21 @@ CREATE INDEX cron_fires_ended ON cron_fires (ended_at);
 """
 """Runs and fires by end time: the web's charts read one time range of each."""
 
+TOKENS = """
+CREATE TABLE web_tokens (
+    id text PRIMARY KEY,
+    name text NOT NULL,
+    scope text NOT NULL,
+    digest text NOT NULL UNIQUE,
+    created_at double precision NOT NULL,
+    expires_at double precision,
+    last_used_at double precision,
+    revoked_at double precision
+);
+"""
+"""The HTTP API's tokens (the SQLite ``tokens`` component's table), so every host's web
+accepts them."""
+
 GROUPS = """
 ALTER TABLE kanban_cards ADD COLUMN group_name text;
 ALTER TABLE kanban_cards ADD COLUMN turn bigint NOT NULL DEFAULT 0;
@@ -201,7 +216,8 @@ MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (3, "the claimant's boot id", "ALTER TABLE kanban_runs ADD COLUMN claimer_boot text;"),
     (4, "the notification outbox", OUTBOX),
     (5, "runs and fires by end time", HISTORY_INDEXES),
-    (6, "card groups and named limits", GROUPS),
+    (6, "the HTTP API's tokens", TOKENS),
+    (7, "card groups and named limits", GROUPS),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

@@ -1,42 +1,86 @@
-"""Held fires: a fire that is due but held back by something outside its job.
+"""Holding cron fires back: a fire that may not start now waits, ``queued``, until its start
+deadline, then is recorded ``missed`` with the reason it was held. Never dropped silently.
 
-Today a full named limit holds fires back; the admission policy (memory pressure) is meant to
-reuse the same piece. A :class:`Hold` says why a fire cannot start now: the line its row shows
-while it waits (``waiting: limit openai (6 of 6 running)``), the reason it records if it never
-starts (``limit openai``, ``memory pressure 34 %``) and when asking again is worth it.
+Two things hold fires back, through this one piece:
 
-:func:`decide` is the policy, a pure function: a held fire stays ``queued`` (its row claimed,
-not started) until its *start deadline*, its due time plus the job's ``start_deadline``; then
-it is settled ``missed`` with the hold's reason. Never dropped silently: every held fire either
-starts (when :class:`HeldFires`'s caller finds a slot at a later step) or ends ``missed``.
-:class:`HeldFires` applies it to the ledger: it writes the wait on the row once (and again
-only when it changes) and settles the misses through the runner, so the ``cron.missed``
-notification and the history say why.
+* whatever keeps this host from starting new work (memory pressure) plugs in as a
+  :data:`Hold`: called with ``now``, it answers the reason in words (``memory pressure 34 %``)
+  or None. The scheduler asks it before starting claimed fires
+  (:meth:`dispatcher.cron.scheduler.CronScheduler.set_hold`); :func:`split_held` sorts the
+  fires ready to start into those that wait and those past their deadline. Manual fires
+  (``dispatch cron run``) are the operator's request and are never held by it;
+* a full named limit: the compare-and-set that starts a fire takes its job's limits, or says
+  which one is full (:meth:`dispatcher.cron.abc.LedgerStore.take`). :class:`Waiting` carries
+  why (``limit openai``), what the fire's row shows meanwhile (``waiting: limit openai (6 of
+  6 running)``) and when the hold may end by itself (a rate window); :func:`decide` says wait
+  or miss, and :class:`HeldFires` applies that to the ledger.
+
+A fire's start deadline is its nominal time plus its job's ``catch_up_window``: a fire later
+than that would have been recorded ``missed`` had no scheduler been running at all, so a held
+fire is recorded the same way instead of running hours late. :func:`split_held` and
+:func:`decide` are pure.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.firing import FireRunner
-from dispatcher.cron.records import WAITING, FireRecord, Status
+from dispatcher.cron.records import WAITING, FireRecord, Kind, Status
 from dispatcher.cron.settings import CronJob
 from dispatcher.launch.limits import LimitWait
 from dispatcher.launch.outcome import Outcome, Result
 
-__all__ = ["HELD_POLL", "Decision", "HeldFires", "Hold", "Verdict", "decide"]
+__all__ = [
+    "HELD_POLL",
+    "Decision",
+    "HeldFires",
+    "Hold",
+    "Verdict",
+    "Waiting",
+    "decide",
+    "split_held",
+    "start_deadline",
+]
+
+Hold = Callable[[float], "str | None"]
+"""Why new fires may not start at ``now`` (None: they may)."""
 
 HELD_POLL = 5.0
 """Seconds between looks at a fire held by something that does not say when it frees (a
 concurrency slot ends whenever a run ends; a finished cron worker wakes the scheduler anyway)."""
 
 
+def start_deadline(row: FireRecord, window: float) -> float:
+    """The latest instant ``row`` may start: its nominal time plus ``window`` (its job's
+    ``catch_up_window``)."""
+    return row.nominal + window
+
+
+def split_held(
+    rows: Sequence[FireRecord], now: float, windows: Mapping[str, float]
+) -> tuple[list[FireRecord], list[FireRecord]]:
+    """Split fires ready to start while held into (waiting, overdue): overdue ones reached their
+    start deadline (``windows``: each job's ``catch_up_window``; a job no longer configured has
+    none left) and are recorded ``missed``; manual fires are never held, so they are in
+    neither list."""
+    waiting: list[FireRecord] = []
+    overdue: list[FireRecord] = []
+    for row in rows:
+        if row.kind is Kind.MANUAL:
+            continue
+        window = windows.get(row.job_id, 0.0)
+        (overdue if now >= start_deadline(row, window) else waiting).append(row)
+    return waiting, overdue
+
+
 @dataclass(frozen=True, kw_only=True)
-class Hold:
-    """Why a due fire cannot start now (see the module docstring)."""
+class Waiting:
+    """Why one due fire cannot start now."""
 
     reason: str
     """What a miss records: ``limit openai``."""
@@ -46,8 +90,8 @@ class Hold:
     """When the hold may end by itself (a rate window); None: unknown."""
 
     @classmethod
-    def of_limit(cls, wait: LimitWait, now: float) -> Hold:
-        """The hold of a full named limit."""
+    def of_limit(cls, wait: LimitWait, now: float) -> Waiting:
+        """The wait of a full named limit."""
         return cls(reason=wait.reason, detail=wait.describe(now), retry_at=wait.next_start)
 
 
@@ -66,41 +110,36 @@ class Decision:
     look_at: float
 
 
-def decide(hold: Hold, *, due: float, deadline: float, now: float) -> Decision:
-    """A held fire waits until ``due + deadline``, then it is missed (see the module
+def decide(waiting: Waiting, *, deadline: float, now: float) -> Decision:
+    """A held fire waits until its start ``deadline``, then it is missed (see the module
     docstring)."""
-    ends = due + deadline
-    if now >= ends:
+    if now >= deadline:
         return Decision(verdict=Verdict.MISS, look_at=now)
-    again = hold.retry_at if hold.retry_at is not None else now + HELD_POLL
-    return Decision(verdict=Verdict.WAIT, look_at=max(now, min(ends, again)))
+    again = waiting.retry_at if waiting.retry_at is not None else now + HELD_POLL
+    return Decision(verdict=Verdict.WAIT, look_at=max(now, min(deadline, again)))
 
 
 class HeldFires:
-    """Applies :func:`decide` to ledger rows (see the module docstring)."""
+    """Applies :func:`decide` to ledger rows: the wait is written on the row once (and again
+    only when it changes), a miss is settled through the runner, so the history, ``cron.missed``
+    notifications and ``/metrics`` say why."""
 
-    def __init__(self, ledger: LedgerStore, runner: FireRunner, *, start_deadline: float) -> None:
+    def __init__(self, ledger: LedgerStore, runner: FireRunner) -> None:
         self.ledger = ledger
         self.runner = runner
-        self.start_deadline = start_deadline
-        """``cron.start_deadline``: a job's own ``start_deadline`` overrides it."""
 
-    def deadline(self, job: CronJob | None) -> float:
-        """The job's start deadline."""
-        if job is not None and job.start_deadline is not None:
-            return job.start_deadline
-        return self.start_deadline
-
-    def hold(self, row: FireRecord, hold: Hold, *, job: CronJob | None, now: float) -> float | None:
-        """Keep ``row`` queued with ``hold`` noted on it, returning when to look again; or
-        settle it ``missed`` past its deadline (None)."""
-        due = row.due_at if row.due_at is not None else row.nominal
-        decision = decide(hold, due=due, deadline=self.deadline(job), now=now)
+    def hold(
+        self, row: FireRecord, waiting: Waiting, *, job: CronJob | None, now: float
+    ) -> float | None:
+        """Keep ``row`` queued with ``waiting`` noted on it, returning when to look again;
+        or settle it ``missed`` past its start deadline (None)."""
+        window = job.catch_up_window if job is not None else 0.0
+        decision = decide(waiting, deadline=start_deadline(row, window), now=now)
         if decision.verdict is Verdict.MISS:
-            missed = Result(outcome=Outcome.MISSED, error=hold.reason)
+            missed = Result(outcome=Outcome.MISSED, error=waiting.reason)
             self.runner.finalize(row.id, missed, expect=(Status.CLAIMED,), job=job)
             return None
-        note = WAITING + hold.detail
+        note = WAITING + waiting.detail
         if row.error != note:
             self.ledger.update(row.id, (Status.CLAIMED,), FireChange(error=note))
         return decision.look_at

@@ -7,11 +7,14 @@ strings; durations are numbers of seconds.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.cron.plan import JobPlan, job_active
 from dispatcher.cron.records import FireRecord, JobState
 from dispatcher.cron.zones import load_zone
+from dispatcher.launch.resources import resources_json
+from registry.abc import Session
 from scope.foundation.schema import format_duration
 
 
@@ -87,10 +90,11 @@ def job_entry(
     }
 
 
-def row_entry(row: FireRecord) -> dict[str, Any]:
-    """One element of ``dispatch cron history --json``."""
+def row_entry(row: FireRecord, sessions: Mapping[str, Session] | None = None) -> dict[str, Any]:
+    """One element of ``dispatch cron history --json``; ``sessions`` (this host's, by id)
+    adds the fire's ``resources``, ``memory_peak`` and ``cpu_time``."""
     zone = row.zone
-    return {
+    entry = {
         "job_id": row.job_id,
         "fire_key": row.fire_key,
         "kind": row.kind.value,
@@ -109,6 +113,9 @@ def row_entry(row: FireRecord) -> dict[str, Any]:
         "jitter": row.jitter,
         "on_failure_session": row.on_failure_session,
     }
+    if sessions is not None:
+        entry.update(resources_json(sessions.get(row.session_id or "")))
+    return entry
 
 
 def known_job_entry(job_id: str, state: JobState | None, last: FireRecord | None) -> dict[str, Any]:

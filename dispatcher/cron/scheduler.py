@@ -36,7 +36,7 @@ from dispatcher.cron.changes import FireChange
 from dispatcher.cron.decisions import Decider
 from dispatcher.cron.errors import CronError
 from dispatcher.cron.firing import FireRunner
-from dispatcher.cron.hold import HeldFires, Hold
+from dispatcher.cron.hold import HeldFires, Hold, Waiting, split_held, start_deadline
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
 from dispatcher.cron.records import ACTIVE, FireRecord, Kind, Status
@@ -143,7 +143,10 @@ class CronScheduler:
         self._plans: dict[str, JobPlan] = {}
         self.limits = dict(limits or {})
         """The named limits (``limits:``) the jobs' ``uses`` name."""
-        self.held = HeldFires(self.ledger, self.runner, start_deadline=settings.start_deadline)
+        self.held = HeldFires(self.ledger, self.runner)
+        self._hold: Hold | None = None
+        self._decide_held = True
+        self._held_reason: str | None = None
         self._apply_settings(settings)
         registry.add_finish_listener(self._on_finish)
 
@@ -151,7 +154,6 @@ class CronScheduler:
 
     def _apply_settings(self, settings: CronSettings) -> None:
         self.settings = settings
-        self.held.start_deadline = settings.start_deadline
         self._host_zone = self.zone_resolver()
         old = self._plans
         self._plans = {job.id: plan_job(job, self._host_zone) for job in settings.jobs}
@@ -199,6 +201,14 @@ class CronScheduler:
         with self._lock:
             self._spawner = executor
 
+    def set_hold(self, hold: Hold | None, *, decide: bool = True) -> None:
+        """Ask ``hold`` before starting scheduled fires (:mod:`dispatcher.cron.hold`): while it
+        gives a reason they wait, ``queued``, until their start deadline, then are recorded
+        ``missed`` with that reason. ``decide=False`` (cluster mode): while held, decide no
+        new fires either, so another host claims them."""
+        with self._lock:
+            self._hold, self._decide_held = hold, decide
+
     def _want_wake(self, at: float) -> None:
         callback = self._wake_request
         if callback is not None:
@@ -215,10 +225,12 @@ class CronScheduler:
             settled = self._drain_finished()
             settled.extend(self._reconcile(now))
             self._promote_queued(now)
+            held = self._hold(now) if self._hold is not None else None
             due = [
                 plan
                 for job_id, plan in self._plans.items()
                 if self._next_at.get(job_id, -math.inf) <= now
+                and (held is None or self._decide_held)
             ]
             with self.ledger.transaction() as tx:
                 batch = self._decider.decide(tx, due, now)
@@ -228,7 +240,7 @@ class CronScheduler:
                 self._next_at[plan.job.id] = next(iter(plan.schedule.occurrences(after))).at
             replaced = self._stop_replaced(batch.kill)
             settled.extend(self._drain_finished())
-            started, pending = self._start_due(now)
+            started, pending = self._start_due(now, held)
             return TickReport(
                 now=now,
                 decided=tuple(self.ledger.get_many(batch.inserted)),
@@ -319,7 +331,9 @@ class CronScheduler:
         except (DispatchError, OSError) as err:
             log.warning("cron: could not stop replaced session %s: %s", session_id, err)
 
-    def _start_due(self, now: float) -> tuple[list[FireRecord], list[float]]:
+    def _start_due(
+        self, now: float, held: str | None = None
+    ) -> tuple[list[FireRecord], list[float]]:
         mine = self.ledger.open_rows((Status.CLAIMED,))
         claimed = sorted(
             (r for r in mine if r.claimant == self.claimant),
@@ -327,6 +341,8 @@ class CronScheduler:
         )
         pending = [r.due_at for r in claimed if r.due_at is not None and r.due_at > now]
         ready = [r for r in claimed if r.due_at is None or r.due_at <= now]
+        if held is not None or self._held_reason is not None:
+            ready = self._hold_back(ready, now, held, pending)
         started: list[FireRecord] = []
         if not ready:
             return started, pending
@@ -343,7 +359,7 @@ class CronScheduler:
             job = plan.job if plan else None
             took = self.runner.take(row, now, self._wants(job))
             if took.wait is not None:
-                look = self.held.hold(row, Hold.of_limit(took.wait, now), job=job, now=now)
+                look = self.held.hold(row, Waiting.of_limit(took.wait, now), job=job, now=now)
                 pending += [] if look is None else [look]
                 continue
             if not took.taken:
@@ -361,6 +377,32 @@ class CronScheduler:
     def _wants(self, job: CronJob | None) -> Wants:
         """The named limits a fire of ``job`` takes."""
         return () if job is None else wants_of(job.uses, self.limits)
+
+    def _hold_back(
+        self, ready: list[FireRecord], now: float, held: str | None, pending: list[float]
+    ) -> list[FireRecord]:
+        """While ``held``: the fires that may start anyway (manual ones); the others wait, and
+        those past their start deadline are recorded ``missed`` with the reason. ``pending``
+        gets the deadlines of the waiting ones (a wake to record them on time)."""
+        if held != self._held_reason:
+            if held is None:
+                log.debug("cron: fires start again (the hold was lifted)")
+            self._held_reason = held
+        if held is None:
+            return ready
+        windows = {job_id: plan.job.catch_up_window for job_id, plan in self._plans.items()}
+        waiting, overdue = split_held(ready, now, windows)
+        for row in overdue:
+            plan = self._plans.get(row.job_id)
+            missed = Result(outcome=Outcome.MISSED, error=held)
+            if self.runner.finalize(
+                row.id, missed, expect=(Status.CLAIMED,), job=plan.job if plan else None
+            ):
+                log.warning("cron: fire %s missed its start deadline: %s", row.fire_key, held)
+        if waiting:
+            log.debug("cron: %d fire(s) held: %s", len(waiting), held)
+        pending.extend(start_deadline(r, windows.get(r.job_id, 0.0)) for r in waiting)
+        return [r for r in ready if r.kind is Kind.MANUAL]
 
     def _launch(self, row: FireRecord, job: CronJob | None, now: float) -> None:
         try:

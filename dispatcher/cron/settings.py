@@ -124,12 +124,6 @@ class CronJob:
         "DISPATCH_* environment variables.",
     )
     uses: tuple[str, ...] = uses_setting()
-    start_deadline: float | None = setting(
-        None,
-        kind=Optional(Duration(min=0)),
-        doc="How long after its due time a fire may wait for a named limit before it is "
-        "recorded missed with the reason (default: cron.start_deadline).",
-    )
 
     def check(self) -> None:
         """Cross-key rules: exactly one of schedule/every; string commands need shell."""
@@ -176,12 +170,6 @@ class CronSettings:
         kind=Duration(min=0),
         doc="A fire at most this late still runs as a normal fire; later ones were missed "
         "during downtime and follow the job's catch_up policy.",
-    )
-    start_deadline: float = setting(
-        600.0,
-        kind=Duration(min=0),
-        doc="How long after its due time a fire may wait for a named limit (it shows as "
-        "queued) before it is recorded missed with the reason, e.g. 'limit openai'.",
     )
     jobs: tuple[CronJob, ...] = setting(
         default_factory=tuple, kind=ListOf(Record(CronJob)), doc="The cron jobs."

@@ -18,12 +18,14 @@ from dispatcher.app.runtime import Runtime
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import job_active, plan_job
 from dispatcher.cron.zones import host_zone_name
+from dispatcher.gateway.admission import admission_status
 from dispatcher.gateway.lock import read_holder
 from dispatcher.gateway.reload import read_reload
 from dispatcher.gateway.statusfile import read_status
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.store import SqlDatabase
 from dispatcher.kanban.views import unconfigured
+from dispatcher.timefmt import iso
 from scope.abc import CallerKind
 from scope.errors import ScopeUnavailable
 from scope.foundation.errors import DispatchError
@@ -84,6 +86,7 @@ def status_document(
             "cron_jobs_known": None if config_loaded else _known_jobs(state.ledger),
             "recent_errors": (_unconfigured(store, runtime) if config_loaded else [])
             + _recent_errors(store.db, served.recent_errors if served else []),
+            "admission": admission_status(state_dir, environ, runtime.settings.admission),
         }
 
 
@@ -201,3 +204,34 @@ def _core(message: str) -> str:
     """The error text after the run/fire prefix (``card c_1 run r_2: spawn_refused: ...``)."""
     parts = message.split(": ", 2)
     return parts[-1][:120]
+
+
+def status_json(doc: dict[str, Any]) -> dict[str, Any]:
+    """``status --json`` (and the API's ``/status``) from :func:`status_document` plus its
+    ``cluster`` key: times as ISO-8601, the uptime in whole seconds."""
+    serve = dict(doc["serve"])
+    for key in ("started_at", "updated_at"):
+        if key in serve:
+            serve[key] = iso(serve[key])
+    if "uptime" in serve:
+        serve["uptime_seconds"] = int(serve.pop("uptime"))
+    if serve.get("last_reload"):
+        reload = dict(serve["last_reload"])
+        for key in ("started_at", "finished_at"):
+            reload[key] = iso(reload[key])
+        serve["last_reload"] = reload
+    return {
+        **doc,
+        "serve": serve,
+        "next_cron_fires": None
+        if doc["next_cron_fires"] is None
+        else [
+            {"job_id": f["job_id"], "at": iso(f["at"], f["zone"])} for f in doc["next_cron_fires"]
+        ],
+        "recent_errors": [{**e, "at": iso(e.get("at"))} for e in doc["recent_errors"]],
+        "admission": {
+            **doc["admission"],
+            "since": iso(doc["admission"]["since"]),
+            "decided_at": iso(doc["admission"]["decided_at"]),
+        },
+    }

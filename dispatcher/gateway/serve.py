@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.app.clusterstate import ClusterState
-from dispatcher.app.reports import spawn_environ
 from dispatcher.app.runtime import Runtime, open_runtime
 from dispatcher.app.wake import WakeSocket
 from dispatcher.config import load_config
@@ -42,6 +41,7 @@ from dispatcher.cron.waker import CronWaker
 from dispatcher.cron.zones import host_zone_name
 from dispatcher.errors import MissingModule
 from dispatcher.gateway import summary
+from dispatcher.gateway.admission import admitted
 from dispatcher.gateway.exits import EXIT_FAILED, EXIT_OK, EXIT_RESTART, start_failure
 from dispatcher.gateway.limits import raise_fd_limit
 from dispatcher.gateway.lock import ServeLock
@@ -246,6 +246,7 @@ class Gateway:
             runtime.close()
             raise
         self._runtime = runtime
+        self._member = admitted(self._member, self)  # admission under pressure holds claims
         assert self._cluster is not None
         self._store = self._cluster.board
         self._kanban = self._make_kanban(self.settings)
@@ -293,17 +294,8 @@ class Gateway:
 
     def _make_kanban(self, settings: Settings) -> KanbanDispatcher:
         assert self._runtime is not None and self._store is not None
-        return KanbanDispatcher(
-            store=self._store,
-            registry=self._runtime.registry,
-            settings=settings.kanban,
-            state_dir=self.state_dir,
-            caller=CallerKind.KANBAN,
-            config_path=self.config_path,
-            environ=spawn_environ(settings, self.environ),
-            scoper=self._runtime.scoper,
-            adopt=False,
-            limits=settings.limits,
+        return self._runtime.kanban_dispatcher(
+            self._store, settings, self.environ, config_path=self.config_path, adopt=False
         )
 
     # -- the loop ----------------------------------------------------------------------------
@@ -343,6 +335,8 @@ class Gateway:
             poked = self._board_moved() or poked
         if due:
             self._adopt_strays()
+        if (poked or finished) and self._notify is not None:
+            self._notify.wake()  # the change may have queued a message: no poll's delay
         if poked or finished or due:
             self._tick_kanban("safety" if due and not (poked or finished) else "wake")
             self._next_safety = self.clock.monotonic() + self.settings.serve.safety_tick

@@ -45,6 +45,10 @@ MAX_BODY = 16 * 1024 * 1024
 MAX_KEY = 200
 MAX_GROUP = 100
 MAX_NOTE = 64 * 1024
+PRIORITY_RANGE = (-(10**9), 10**9)
+"""The priorities a card may have (``--priority``, the API's ``priority``)."""
+FAILURE_LIMIT_RANGE = (1, 10**6)
+"""A card's own ``--failure-limit`` (overrides ``kanban.failure_limit``)."""
 _RUN_ID = re.compile(r"r_[0-9a-f]{4,}")
 
 

@@ -23,13 +23,15 @@ from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.faults import FaultPoint
 from dispatcher.kanban.model import Card, CardChange, CardStatus, EventKind, Run
 from dispatcher.kanban.report import Closed, Dispatched
-from dispatcher.kanban.settings import KanbanSettings
-from dispatcher.kanban.taxonomy import Breaker, after_run
+from dispatcher.kanban.settings import Assignee, KanbanSettings
+from dispatcher.kanban.taxonomy import Breaker, after_run, retry_class
 from dispatcher.kanban.worker import WorkerContext, remove_body, spawn_request
 from dispatcher.launch.core import LaunchCore, Orphan, Recorded
 from dispatcher.launch.outcome import Outcome, Result, outcome_of
 from registry.abc import Owner, OwnerKind, Registry, Session, SessionState
 from scope.abc import Placement
+from scope.foundation.errors import Invalid
+from scope.resources import ScopeProperties
 
 __all__ = ["TIMEOUT_SLACK", "Launches", "RunLauncher", "Spawned"]
 
@@ -115,9 +117,10 @@ class RunLauncher:
         """Prepare, spawn and record one claimed run (may run on a pool thread)."""
         self.fault.reach("claimed")
         assignee = self.settings.assignees[card.assignee]
+        resources = self._resources(card, assignee)
         launch = self.core.launch(
             _RunBooks(self, run, now),
-            lambda: spawn_request(card, run, assignee, self.worker),
+            lambda: spawn_request(card, run, assignee, self.worker, resources=resources),
             label=f"card {card.id} run {run.run_id}",
         )
         session = launch.session
@@ -133,6 +136,21 @@ class RunLauncher:
         if session.state is SessionState.FAILED_START:
             return Spawned(closed=launch.settled, refused=True)
         return Spawned(dispatched=dispatched, closed=launch.settled)
+
+    def _resources(self, card: Card, assignee: Assignee) -> ScopeProperties:
+        """The assignee's class, under the class a retry rule chose for this try (the events
+        are read only when the card's policy has such a rule)."""
+        if all(rule.resources is None for rule in self.breaker.policy(card.assignee).rules):
+            return assignee.resources
+        chosen = retry_class(self.store.events_of(card.id))
+        if chosen is None:
+            return assignee.resources
+        try:
+            return chosen.over(assignee.resources)
+        except Invalid as err:
+            # Chosen under an older config whose classes fit together; this one's do not.
+            log.warning("card %s: the retry rule's class no longer fits: %s", card.id, err)
+            return assignee.resources
 
     # -- closing -------------------------------------------------------------------------------
 

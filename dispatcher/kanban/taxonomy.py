@@ -7,7 +7,9 @@ that could not start counts toward ``failure_limit`` (the kanban meaning of the 
 ``attempts``) and goes back to ``ready`` behind the policy's back-off (``retry_at``); at the
 limit the card is ``blocked`` with a ``gave_up`` event. The configured rules of the card's retry
 policy (:mod:`dispatcher.launch.retry`) are consulted first: ``fail`` gives up at once, a
-``retry`` with ``counted: false`` backs off without using an attempt. A refused spawn (no
+``retry`` with ``counted: false`` backs off without using an attempt; a retrying rule with
+``resources`` records that class in its event, and :func:`retry_class` hands it to the next
+try's spawn. A refused spawn (no
 restart-safe scope) is infrastructure: never counted, the card stays ``ready`` behind a
 cooldown. Only a success or an explicit unblock resets the count.
 
@@ -20,7 +22,7 @@ transaction that closes the run, with the card as it is at that moment.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +31,16 @@ from dispatcher.kanban.model import (
     Card,
     CardChange,
     CardStatus,
+    Event,
     EventKind,
     Run,
 )
 from dispatcher.kanban.settings import KanbanSettings
 from dispatcher.launch.outcome import Outcome, Result
 from dispatcher.launch.retry import Action, Random, RetryPolicy, Rule
+from registry.usage import ResourceClass
+from scope.foundation.errors import Invalid
+from scope.resources import ScopeProperties
 
 COUNTED = frozenset(
     {
@@ -180,6 +186,10 @@ def _by_rule(
 ) -> CardChange:
     """A configured rule decides: fail now, a counted retry, or a retry that uses no attempt."""
     data["rule"] = _rule_label(rule)
+    if rule.resources is not None and rule.action is Action.RETRY:
+        # The next try's class (kept in the event: the board has no column for it, and the
+        # event says why that try ran with more). Canonical values: bytes, seconds, percent.
+        data["resources"] = _spelled(rule.resources)
     if rule.action is Action.FAIL:
         return _counted(card, data, result, breaker, now, give_up=f"{data['rule']}: no retry")
     if rule.counted:
@@ -187,6 +197,56 @@ def _by_rule(
     data["counted"] = False
     delay = breaker.policy(card.assignee).backoff.delay(card.tempfail_count + 1, breaker.rng)
     return _tempfail(card, data, result, breaker, now, delay=delay)
+
+
+def _spelled(props: ScopeProperties) -> dict[str, Any]:
+    found = dict(props.limits)
+    if props.best_effort is not None:
+        found["best_effort"] = props.best_effort
+    return found
+
+
+RETRY_CLASS_ENDS = frozenset(
+    {
+        EventKind.COMPLETED,
+        EventKind.BLOCKED,
+        EventKind.UNBLOCKED,
+        EventKind.GAVE_UP,
+        EventKind.DEFERRED,
+        EventKind.EXIT_IGNORED,
+        EventKind.MOVED,
+    }
+)
+"""Events after which a retry rule's class no longer applies to the next try."""
+
+
+def retry_class(events: Sequence[Event]) -> ScopeProperties | None:
+    """The class a retry rule chose for the card's next try: from its latest ``failed`` or
+    ``tempfail`` event, unless the card ended, was blocked, unblocked, deferred or moved since.
+    Refusals, reclaims and interruptions in between do not use up the try (nor its class)."""
+    for event in reversed(events):
+        if event.kind in (EventKind.FAILED, EventKind.TEMPFAIL):
+            return _class_of(event.data.get("resources"))
+        if event.kind in RETRY_CLASS_ENDS:
+            return None
+    return None
+
+
+def _class_of(chosen: Any) -> ScopeProperties | None:
+    """The class stored in an event (None when absent or unusable: the worker's own applies)."""
+    if not isinstance(chosen, Mapping):
+        return None
+    granted = ResourceClass.from_json({"limits": chosen})
+    best_effort = chosen.get("best_effort")
+    try:
+        props = ScopeProperties(
+            **(granted.limits if granted else {}),  # type: ignore[arg-type]
+            best_effort=best_effort if isinstance(best_effort, bool) else None,
+        )
+        props.check()
+    except (Invalid, TypeError):
+        return None
+    return props
 
 
 def _rule_label(rule: Rule) -> str:

@@ -11,7 +11,9 @@ from typing import Any
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
 from dispatcher.kanban.report import TickReport
+from dispatcher.launch.resources import resources_json
 from dispatcher.timefmt import TimeView, iso, relative
+from registry.abc import Session
 
 BOARD_ORDER = (
     CardStatus.TODO,
@@ -120,12 +122,22 @@ def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
     }
 
 
-def show_json(card: Card, runs: Sequence[Run], events: Sequence[Event]) -> dict[str, Any]:
+def show_json(
+    card: Card,
+    runs: Sequence[Run],
+    events: Sequence[Event],
+    sessions: Mapping[str, Session] | None = None,
+) -> dict[str, Any]:
     """``show --json``: the card's fields plus ``runs``, ``events`` and ``retry``
-    (:func:`retry_state`)."""
+    (:func:`retry_state`). ``sessions`` (this host's, by id: see
+    :func:`dispatcher.launch.resources.sessions_of`) adds each run's ``resources``,
+    ``memory_peak`` and ``cpu_time``."""
     doc = card_json(card)
     doc["retry"] = retry_state(card, events)
     doc["runs"] = [run_json(r) for r in runs]
+    if sessions is not None:
+        for run, entry in zip(runs, doc["runs"], strict=True):
+            entry.update(resources_json(sessions.get(run.session_id or "")))
     doc["events"] = [event_json(e) for e in events]
     return doc
 
@@ -205,11 +217,13 @@ def show_text(
     *,
     times: TimeView | None = None,
     hosts: Mapping[str, str | None] | None = None,
+    used: Mapping[str, str] | None = None,
     wait: str | None = None,
 ) -> list[str]:
     """``show`` as text: fields, runs, events (times as ``times`` shows them). ``hosts``
-    (cluster mode): each run's host, shown after its placement (``host alpha``); ``wait``:
-    the full limit the card waits for."""
+    (cluster mode): each run's host, shown after its placement (``host alpha``); ``used``:
+    each run's class and use (:func:`dispatcher.launch.resources.resources_text`), on a line
+    of its own below the run; ``wait``: the full named limit the card waits for."""
     view = times or TimeView.local()
     short = view.at
     lines = [
@@ -256,6 +270,8 @@ def show_text(
             f"{run.session_id or '-'}  {run.placement or '-'}"
             + (f"  host {hosts.get(run.run_id) or '-'}" if hosts is not None else "")
         )
+        if used and used.get(run.run_id):
+            lines.append(f"      {used[run.run_id]}")
     lines.append("events")
     for event in events:
         extra = ", ".join(f"{k}={v}" for k, v in event.data.items() if v is not None)

@@ -21,6 +21,7 @@ from dispatcher.launch.setup import Workplace
 from registry.abc import Owner, OwnerKind, SpawnRequest
 from registry.store.database import ensure_private_dir
 from scope.abc import CallerKind
+from scope.resources import ScopeProperties
 
 BODY_ENV_LIMIT = 64 * 1024
 """Bodies up to this many bytes (UTF-8) are also passed in ``DISPATCH_CARD_BODY``."""
@@ -82,8 +83,16 @@ def card_variables(card: Card, run: Run, body_file: Path) -> dict[str, str]:
     return extra
 
 
-def spawn_request(card: Card, run: Run, assignee: Assignee, ctx: WorkerContext) -> SpawnRequest:
+def spawn_request(
+    card: Card,
+    run: Run,
+    assignee: Assignee,
+    ctx: WorkerContext,
+    *,
+    resources: ScopeProperties | None = None,
+) -> SpawnRequest:
     """Everything the registry needs to start the card's worker; writes the body file.
+    ``resources``: this try's class when a retry rule chose one (else the assignee's).
 
     Raises :class:`~dispatcher.launch.failure.WorkerSetupError` when the assignee cannot be
     used as configured (a ``config_error``)."""
@@ -109,7 +118,7 @@ def spawn_request(card: Card, run: Run, assignee: Assignee, ctx: WorkerContext) 
         caller=ctx.caller,
         pty=assignee.pty,
         timeout=assignee.timeout,
-        resources=assignee.resources,
+        resources=assignee.resources if resources is None else resources,
         unit_parts=(card.id, run.run_id),
         wants_isolation=True,
         labels={"card_id": card.id, "run_id": run.run_id, "assignee": card.assignee},

@@ -9,13 +9,16 @@ A :class:`RetryPolicy` is configured as ``retry:`` (``kanban.retry``, per assign
       rules:                      # first match wins
         - {exit_codes: ["2", "64-77"], action: fail}
         - {outcomes: [lost], action: retry, counted: false}
+        - {outcomes: [oom_killed], action: retry, resources: {memory_max: 2GiB}}
 
 :func:`decide` is the one pure decision: given the policy, how many counted tries have been
 used (this one included), the outcome and exit code of the try that just ended, and an injected
 random source, it says whether to retry, whether this try counts, and after how long. The
 configured rules are matched first, then :data:`BUILTIN_RULES` (exit 75: retry, not counted;
 exit 78: fail now), so a config may override what 75 and 78 mean. An outcome no rule names
-retries, counted, while attempts remain.
+retries, counted, while attempts remain. A retry rule's ``resources`` is a resource class over
+the worker's own (key by key) for the next try only; it must fit over the worker's class and
+``scope.resources`` like any class (checked at load).
 
 Back-off for try ``n`` (1-based): ``d = min(max, initial * factor^(n-1))``, then jitter:
 ``full`` draws uniformly from [0, d], ``equal`` from [d/2, d], ``none`` is d itself. Nothing
@@ -45,6 +48,7 @@ from scope.foundation.schema import (
     setting,
 )
 from scope.foundation.text import quote
+from scope.resources import ScopeProperties
 
 __all__ = [
     "BUILTIN_RULES",
@@ -204,6 +208,12 @@ class Rule:
     )
     name: str | None = setting(
         None, kind=Optional(Str()), doc="Label in the card's events (default: the rule's criteria)."
+    )
+    resources: ScopeProperties | None = setting(
+        None,
+        kind=Optional(Record(ScopeProperties)),
+        doc="A resource class for the next try only, over the worker's own key by key (e.g. "
+        "{memory_max: 2GiB} after oom_killed); kanban only for now. See docs/resources.md.",
     )
 
     def matches(self, outcome: Outcome, exit_code: int | None) -> bool:

@@ -50,6 +50,11 @@ class Notifications:
         """Queue ``event`` (no database change of its own) in a transaction of its own."""
         self.outbox.record_new(self.store.write, event, fields, Subject(), now)
 
+    def wake(self) -> None:
+        """Deliver now what the board's last change queued (instead of at the next poll)."""
+        if self.sender is not None:
+            self.sender.wake()
+
     def close(self) -> None:
         """Stop the sender thread (undelivered messages wait in the outbox)."""
         sender, self.sender = self.sender, None

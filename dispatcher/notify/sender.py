@@ -168,6 +168,11 @@ def deliver(channel: Channel, body: str, secret: bytes | None = None) -> Answer:
     return _run(channel, body)
 
 
+FRESH_MARGIN = 2.0
+"""Seconds a woken look reaches back before the previous one (another process's clock, a
+commit that took a while)."""
+
+
 class Sender:
     """Delivers the outbox (see the module docstring); ``tick(now)`` is one step."""
 
@@ -189,6 +194,7 @@ class Sender:
         # Read (and checked) once at start: a bad secret file stops serve with one line.
         self.secrets = load_secrets(settings)
         self.stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _lease(self) -> float:
@@ -197,10 +203,11 @@ class Sender:
         ]
         return 2 * max(timeouts, default=30.0) + 30.0
 
-    def tick(self, now: float) -> int:
-        """Claim and attempt what is due at ``now``; how many were delivered."""
+    def tick(self, now: float, *, created_since: float | None = None) -> int:
+        """Claim and attempt what is due at ``now`` (only messages made since
+        ``created_since`` when given); how many were delivered."""
         delivered = 0
-        for item in self.store.claim(now=now, lease=self._lease()):
+        for item in self.store.claim(now=now, lease=self._lease(), created_since=created_since):
             delivered += self._attempt(item)
         return delivered
 
@@ -228,12 +235,28 @@ class Sender:
 
     def run(self) -> None:
         """Tick until :attr:`stop` is set; an error in one tick is logged, not fatal."""
+        # A wake-up (serve saw the board change) delivers only messages made since the last
+        # look, at once; retries of older ones wait for the poll. So a backlog of undeliverable
+        # messages is retried at the poll's pace, never in a burst beside every claim.
+        next_full = time.monotonic()
+        since: float | None = None
         while not self.stop.is_set():
+            # Cleared before the tick: a wake-up during it makes the wait below return at once.
+            self._wake.clear()
+            now = self.clock()
+            full = time.monotonic() >= next_full
             try:
-                self.tick(self.clock())
+                self.tick(now, created_since=None if full or since is None else since)
             except Exception as err:
                 log.warning("notification sender: %s", err)
-            self.stop.wait(self.poll)
+            since = now - FRESH_MARGIN
+            if full:
+                next_full = time.monotonic() + self.poll
+            self._wake.wait(max(0.0, next_full - time.monotonic()))
+
+    def wake(self) -> None:
+        """Look at the outbox now (serve saw the board change: a message may be queued)."""
+        self._wake.set()
 
     def start(self) -> None:
         """Run in a daemon thread."""
@@ -243,5 +266,6 @@ class Sender:
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread (a delivery in flight finishes or times out first)."""
         self.stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)

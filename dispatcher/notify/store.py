@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dispatcher.timefmt import iso
+
 __all__ = ["Delivery", "NotifyStore"]
 
 _COLUMNS = (
@@ -44,12 +46,12 @@ class Delivery:
             "id": self.message_id,
             "channel": self.channel,
             "event": self.event,
-            "created_at": self.created_at,
+            "created_at": iso(self.created_at),
             "state": self.state,
             "attempts": self.attempts,
-            "next_at": self.next_at,
+            "next_at": iso(self.next_at),
             "last_error": self.last_error,
-            "delivered_at": self.delivered_at,
+            "delivered_at": iso(self.delivered_at),
         }
 
 
@@ -102,14 +104,19 @@ class NotifyStore:
             )
             return int(cursor.rowcount)
 
-    def claim(self, *, now: float, lease: float, limit: int = 16) -> list[Delivery]:
-        """Due pending deliveries, fenced for ``lease`` seconds against other senders."""
+    def claim(
+        self, *, now: float, lease: float, limit: int = 16, created_since: float | None = None
+    ) -> list[Delivery]:
+        """Due pending deliveries, fenced for ``lease`` seconds against other senders; with
+        ``created_since`` only messages made since then (new ones, not a backlog's retries)."""
+        fresh = "" if created_since is None else " AND created_at >= ?"
+        since = () if created_since is None else (created_since,)
         with self._write() as conn:
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM notify_outbox WHERE state = 'pending' AND next_at <= ?"  # noqa: S608
-                " AND (claimed_until IS NULL OR claimed_until < ?)"
+                f" AND (claimed_until IS NULL OR claimed_until < ?){fresh}"
                 f" ORDER BY next_at LIMIT ?{self._lock_clause}",
-                (now, now, limit),
+                (now, now, *since, limit),
             ).fetchall()
             for row in rows:
                 conn.execute(

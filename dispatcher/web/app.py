@@ -25,8 +25,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from dispatcher.web import actions, pages, streams
+from dispatcher.web.api import router as api
+from dispatcher.web.api.problems import problem
 from dispatcher.web.errors import http_status
-from dispatcher.web.guard import Access, Guard, Refused
+from dispatcher.web.guard import API_PREFIX, Access, Guard, Refused
 from dispatcher.web.keys import Keys
 from dispatcher.web.live import Hub
 from dispatcher.web.metrics import metrics_registry
@@ -129,8 +131,9 @@ def create_site(source: Source, access: Access, *, hub: Hub | None = None) -> Si
     )
 
 
-def create_app(site: Site) -> Guard:
-    """The ASGI application: the guard around Starlette (see the module docstring)."""
+def create_app(site: Site, *, api_only: bool = False) -> Guard:
+    """The ASGI application: the guard around Starlette (see the module docstring);
+    ``api_only``: the HTTP API and nothing else (``dispatch web --api-only``)."""
     access = site.access
 
     async def refused(request: Request, exc: Exception) -> Response:
@@ -146,6 +149,8 @@ def create_app(site: Site) -> Guard:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        if request.url.path.startswith(API_PREFIX) or api_only:
+            return api.not_allowed(request) if exc.status_code == 405 else api.not_found(request)
         if exc.status_code == 404:
             return site.error(request, 404, f"no page {request.url.path}", _HINTS[404])
         return site.error(request, exc.status_code, str(exc.detail))
@@ -164,7 +169,7 @@ def create_app(site: Site) -> Guard:
         await site.hub.close()
 
     app = Starlette(
-        routes=routes(site),
+        routes=api.routes(site) if api_only else [*api.routes(site), *routes(site)],
         exception_handlers={
             Refused: refused,
             DispatchError: dispatch_error,
@@ -177,6 +182,10 @@ def create_app(site: Site) -> Guard:
     app.state.site = site
 
     async def deny(scope: Scope, refusal: Refused) -> Response:
+        if scope.get("path", "").startswith(API_PREFIX):
+            return problem(
+                refusal.status, refusal.message, remedy=refusal.hint, headers=refusal.headers
+            )
         return site.error(
             Request(scope), refusal.status, refusal.message, refusal.hint, headers=refusal.headers
         )

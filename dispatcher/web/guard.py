@@ -9,7 +9,8 @@ In order, for every request:
    any page signs in: the answer sets the session cookie and redirects to the same page
    without the token, so the secret leaves the address bar and the history at once.
 3. With ``pages_need_secret`` (a non-loopback listen) nothing but ``/static/`` answers
-   without one of the two.
+   without one of the two. ``/api/`` is left to the API, which asks for a bearer token of
+   its own (:mod:`dispatcher.web.api.auth`) and never signs a browser in.
 4. Every answer carries a strict Content-Security-Policy (no inline script or style, nothing
    from elsewhere, no framing), ``nosniff``, ``Referrer-Policy: no-referrer``,
    ``Cache-Control: no-store`` (pages hold worker output) and ``Server-Timing`` (how long the
@@ -49,6 +50,8 @@ HEADERS = {
     "permissions-policy": "camera=(), microphone=(), geolocation=()",
 }
 PUBLIC_PREFIX = "/static/"
+API_PREFIX = "/api/"
+"""The HTTP API decides who may ask itself (bearer tokens, :mod:`dispatcher.web.api.auth`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,9 +144,11 @@ class Guard:
         scope.setdefault("state", {})["auth"] = auth
         query = urllib.parse.parse_qsl(scope.get("query_string", b"").decode("latin-1"))
         tokens = [value for key, value in query if key == "token"]
+        path = scope.get("path", "/")
+        if path.startswith(API_PREFIX):
+            return None  # never a sign-in link; the API checks its own credentials
         if tokens:
             return self._sign_in(scope, tokens[-1], [(k, v) for k, v in query if k != "token"])
-        path = scope.get("path", "/")
         if access.pages_need_secret and not auth.signed_in and not path.startswith(PUBLIC_PREFIX):
             raise Refused(
                 401,

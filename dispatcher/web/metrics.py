@@ -28,6 +28,13 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
 ``dispatch_cluster_host_lease_live{host}``  gauge     cluster mode: 1 while the host's lease is
                                                       live (database clock)
 ``dispatch_cluster_host_epoch{host}``       gauge     cluster mode: the host's lease epoch
+``dispatch_admission_held{reason}``         gauge     1 for each reading that holds new work
+                                                      now (memory_pressure, memory_available,
+                                                      cpu_pressure)
+``dispatch_admission_memory_pressure_percent`` gauge PSI memory ``some avg10`` (absent
+                                                      without PSI)
+``dispatch_admission_cpu_pressure_percent``  gauge    PSI cpu ``some avg10``
+``dispatch_admission_memory_available_bytes`` gauge   ``MemAvailable``
 ``dispatch_limit_in_use{limit}``            gauge     runs and cron fires holding a named limit
 ``dispatch_limit_capacity{limit}``          gauge     its concurrency cap (limits that have one)
 ``dispatch_limit_waiting{limit}``           gauge     ready cards and cron fires it holds back
@@ -57,7 +64,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from dispatcher.gateway.admission import admission_status
 from dispatcher.kanban.model import Event
+from dispatcher.launch.admission import SIGNALS
 from dispatcher.web.source import Source
 from scope.foundation.errors import DispatchError
 
@@ -139,7 +148,7 @@ class DispatchCollector(Collector):
         """Read everything now; a part that cannot be read is left out and
         ``dispatch_state_readable`` says so."""
         readable = 1.0
-        for part in (self._board, self._cron, self._host, self._limits):
+        for part in (self._board, self._cron, self._host, self._admission, self._limits):
             try:
                 yield from list(part())
             except (DispatchError, OSError, ValueError) as err:
@@ -232,6 +241,26 @@ class DispatchCollector(Collector):
         for caller, placement in sorted(report["placement"].items()):
             verdicts.add_metric([caller, str(placement)], 1)
         yield verdicts
+
+    def _admission(self) -> Iterator[Metric]:
+        source = self.source
+        status = admission_status(source.state_dir, source.environ, source.settings.admission)
+        held = GaugeMetricFamily(
+            "dispatch_admission_held",
+            "1 for each reading that holds new claims and cron starts now",
+            labels=["reason"],
+        )
+        for signal in SIGNALS:
+            held.add_metric([signal], float(signal in status["reasons"]))
+        yield held
+        readings = status["readings"]
+        for key, name, text in (
+            ("memory_pressure", "memory_pressure_percent", "PSI memory some avg10"),
+            ("cpu_pressure", "cpu_pressure_percent", "PSI cpu some avg10"),
+            ("memory_available", "memory_available_bytes", "MemAvailable"),
+        ):
+            if readings[key] is not None:
+                yield GaugeMetricFamily(f"dispatch_admission_{name}", text, readings[key])
 
     def _limits(self) -> Iterator[Metric]:
         """The named limits, from ``dispatch limits``'s own document."""

@@ -17,6 +17,7 @@ from starlette.responses import RedirectResponse, Response
 
 from dispatcher.cron.report import policy_text
 from dispatcher.kanban.model import MOVE_TARGETS, CardStatus, Run
+from dispatcher.launch.resources import sessions_of, used_text
 from dispatcher.web import views
 from dispatcher.web.live import present
 from dispatcher.web.site import Site
@@ -147,6 +148,7 @@ def card_context(
         stream += f"&session={session.id}&offset={log_offset}"
     current = next((r for r in runs if r.run_id == card.current_run_id), None)
     hosts = source.run_hosts([card.id])
+    ran = sessions_of(source.registry(), (run.session_id for run in runs))
     context = site.context(request, title=card.title, nav="board", stream=stream)
     context.update(
         card=card,
@@ -155,6 +157,7 @@ def card_context(
                 "run": run,
                 "duration": views.run_duration(run, now),
                 "host": views.run_host(run, hosts, source.host_id),
+                "session": ran.get(run.session_id or ""),
             }
             for run in reversed(runs)
         ],
@@ -212,6 +215,9 @@ def cron_context(site: Site, request: Request, job_id: str | None = None) -> dic
     title = f"Cron job {job_id}" if job_id else "Cron"
     context = site.context(request, title=title, nav="cron", stream=stream)
     context.update(jobs=listed, history=rows, job_id=job_id, configured=bool(jobs.plans))
+    # Each fire's class, peak memory and CPU time come with its session (this host's).
+    ran = [row.session_id for row in rows if row.session_id]
+    context["sessions"] = sessions_of(site.source.registry(), ran) if ran else {}
     # One job's page says what it runs and how, as ``cron list`` does.
     context["job"] = _job_facts(listed[0].entry) if job_id and listed else None
     return context
@@ -290,7 +296,9 @@ def session_context(site: Site, request: Request, session_id: str) -> dict[str, 
     # The log's size on disk now (the registry's output seam), not the byte count the session
     # record last stored: that one is written when the worker ends.
     size = site.source.registry().log_size(session.id) or 0
-    context.update(session=session, log_text=text, log_cut=cut, log_bytes=size)
+    context.update(
+        session=session, log_text=text, log_cut=cut, log_bytes=size, used=used_text(session)
+    )
     return context
 
 
@@ -307,6 +315,10 @@ async def session(request: Request) -> Response:
 # -- status and hosts -------------------------------------------------------------------------
 
 
+DEAD_SHOWN = 20
+"""The newest dead notifications the status page lists."""
+
+
 def status_context(site: Site, request: Request) -> dict[str, Any]:
     """``dispatch status`` plus the doctor's placement verdicts and remedies."""
     from dispatcher.gateway.report import status_document
@@ -314,7 +326,10 @@ def status_context(site: Site, request: Request) -> dict[str, Any]:
     source = site.source
     doc = status_document(source.runtime(), source.environ)
     context = site.context(request, title="Status", nav="status", stream="/live/status")
-    context.update(doc=doc, doctor=source.doctor(), limits=source.limits())
+    # Dead notifications wait for an operator ('dispatch notify retry ID'), as notify list
+    # --dead shows them.
+    dead = source.reader.cluster.notify_store().list(state="dead", limit=DEAD_SHOWN)
+    context.update(doc=doc, doctor=source.doctor(), dead=dead, limits=source.limits())
     return context
 
 

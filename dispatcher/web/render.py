@@ -11,13 +11,17 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from starlette.responses import HTMLResponse
 
 from dispatcher import __version__
+from dispatcher.launch.resources import human_size, used_text
 from dispatcher.timefmt import TimeView, iso, span, viewer_zone
+
+if TYPE_CHECKING:
+    from registry.abc import Session
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATIC = Path(__file__).with_name("static")
@@ -77,9 +81,23 @@ def environment(environ: Mapping[str, str] | None = None) -> jinja2.Environment:
         at=at,
         clock=clock,
         span=_span,
+        class_of=_class_of,
+        used=_used,
+        bytes=human_size,
     )
     env.globals.update(version=__version__, ago=_ago)
     return env
+
+
+def _class_of(session: Session | None) -> str:
+    """A session's resource class in words, ``-`` without a scope of its own."""
+    granted = session.resources if session is not None else None
+    return "-" if granted is None else granted.describe()
+
+
+def _used(session: Session | None) -> str:
+    """An ended session's peak memory and CPU time, ``-`` while unknown."""
+    return used_text(session) or "-"
 
 
 class Renderer:

@@ -127,6 +127,7 @@ class Source:
             self.environ,
             degrade_without_scope=self.settings.kanban.degrade_without_scope,
             force_probe=False,
+            classes=self.settings.classes(),
         )
         report["healthy"] = ok
         with self._lock:
@@ -138,8 +139,17 @@ class Source:
         return self.reader.cluster.ledger
 
     def cron(self) -> CronJobs:
-        """The configured cron jobs over the ledger."""
-        return CronJobs(self.settings, self.ledger, environ=self.environ, state_dir=self.state_dir)
+        """The configured cron jobs over the ledger, made as ``dispatch cron`` makes them."""
+        from dispatcher.gateway.statusfile import scheduler_zone
+
+        return CronJobs(
+            self.settings,
+            self.ledger,
+            environ=self.environ,
+            state_dir=self.state_dir,
+            config_path=self.config_path,
+            host_zone=scheduler_zone(self.state_dir),
+        )
 
     @property
     def cluster_configured(self) -> bool:

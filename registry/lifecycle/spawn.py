@@ -27,6 +27,7 @@ from registry.live.watch import parse_patterns
 from registry.proc.refusal import GatewayIdentity, gateway_kill_reason
 from registry.store.database import ensure_private_dir
 from registry.store.sessions import Placed
+from registry.usage import ResourceClass
 from scope.abc import GATE_ENV, Launched, LaunchSpec, Placement
 from scope.foundation.errors import UsageError
 from scope.foundation.procstat import read_stat
@@ -120,6 +121,9 @@ class Spawner:
                     keeper_pid=launched.pid,
                     keeper_start=keeper.start_time if keeper else None,
                     warning=launched.warning,
+                    resources=None
+                    if launched.resources is None
+                    else ResourceClass.of(launched.resources, launched.ineffective),
                 ),
             )
             with parts.tracking.lock:

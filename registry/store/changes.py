@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.abc import SessionState
-from registry.usage import Usage
+from registry.usage import ResourceClass, Usage
 from scope.abc import Placement
 
 __all__ = [
@@ -49,15 +49,19 @@ class Placed:
     keeper_pid: int
     keeper_start: int | None
     warning: str | None
+    resources: ResourceClass | None = None
+    """The class the keeper's scope got (None: no scope of its own)."""
 
     def columns(self) -> dict[str, Any]:
         """The columns this change sets."""
+        granted = self.resources
         return {
             "placement": self.placement,
             "unit": self.unit,
             "keeper_pid": self.keeper_pid,
             "keeper_start": self.keeper_start,
             "warning": self.warning,
+            "resources": None if granted is None else json.dumps(granted.to_json()),
         }
 
 

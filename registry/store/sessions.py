@@ -38,7 +38,7 @@ from registry.store.database import StateDB
 from registry.store.events import EventDraft, EventStore
 from registry.store.retention import due_for_pruning
 from registry.store.tables import COMPONENT
-from registry.usage import Usage
+from registry.usage import ResourceClass, Usage
 from scope.abc import CallerKind, Placement
 
 __all__ = [
@@ -94,15 +94,19 @@ _COLUMNS = (
     " exit_code, signal, completion_reason, total_bytes, dropped_bytes, timeout, output_chars,"
     " labels, warning, kill_state, kill_reason, kill_requested_at, notify, heartbeat,"
     " heartbeat_liveness, hb_offset, hb_at, watch, watch_state, emitter, handoff_note,"
-    " handoff_from, kill_signalled_at, usage"
+    " handoff_from, kill_signalled_at, usage, resources"
 )
 
-_MARKS = ", ".join("?" * 43)
+_MARKS = ", ".join("?" * 44)
 
 
 def _watch_of(text: str | None) -> tuple[WatchPattern, ...]:
     items = json.loads(text or "[]")
     return tuple(WatchPattern(pattern=str(i["pattern"]), regex=bool(i["regex"])) for i in items)
+
+
+def _class_json(value: ResourceClass | None) -> str | None:
+    return None if value is None else json.dumps(value.to_json())
 
 
 def watch_json(patterns: Iterable[WatchPattern]) -> str:
@@ -150,6 +154,7 @@ def _row_to_stored(row: sqlite3.Row) -> StoredSession:
         handoff_note=row["handoff_note"],
         handoff_from=Owner.parse(row["handoff_from"]) if row["handoff_from"] else None,
         usage=Usage.from_json(json.loads(row["usage"] or "{}")),
+        resources=ResourceClass.from_json(json.loads(row["resources"] or "{}")),
     )
     return StoredSession(
         session=session,
@@ -229,6 +234,7 @@ class SessionStore:
                     str(session.handoff_from) if session.handoff_from else None,
                     None,
                     None,
+                    _class_json(session.resources),
                 ),
             )
 

@@ -111,6 +111,11 @@ COMPONENT = Component(
             apply="ALTER TABLE registry_sessions ADD COLUMN usage TEXT;",
             note="what a finished worker used (OOM kills, peak memory, CPU time)",
         ),
+        Migration(
+            version=5,
+            apply="ALTER TABLE registry_sessions ADD COLUMN resources TEXT;",
+            note="the resource class a worker's scope got",
+        ),
     ],
 )
 """The registry's tables; listed in :func:`dispatcher.app.database.components`."""

@@ -12,6 +12,7 @@ dispatcher/ add their own branches by subclassing. The whole tree::
     ├── ConfigError                    exit 2: config file invalid (carries file and line)
     ├── ScopeError                     scope/errors.py: placing or stopping a systemd scope failed
     │   ├── ScopeUnavailable           placement refused by policy (no restart-safe scope)
+    │   │   └── ClassUnavailable       the worker's resource class cannot take effect here
     │   ├── ManagerLost                a scoped spawn failed because the manager vanished
     │   └── BusError                   the runtime dir or bus is unsafe or unusable
     ├── RegistryError                  registry/errors.py: spawn, kill, session, state store

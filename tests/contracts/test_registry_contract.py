@@ -39,6 +39,7 @@ from scope.abc import Placement, Policy, Scoper
 from scope.foundation.clock import FakeClock
 from scope.foundation.errors import NotFoundError, UsageError
 from scope.foundation.ids import AmbiguousId, IdKind, IdTooShort
+from scope.resources import ScopeProperties
 from scope.settings import ScopeSettings
 from tests.support.systemd import SystemdManager
 from tests.support.wait import wait_for
@@ -140,6 +141,23 @@ def test_finished_session_fields(subject: Subject) -> None:
     assert registry.read_log(session.id) == b"hello\n"
     assert registry.read_log(session.id, head=2) == b"he"
     assert registry.get(session.id) == session
+
+
+def test_a_session_records_the_class_its_scope_got(subject: Subject) -> None:
+    registry = subject.registry
+    props = ScopeProperties(memory_max=256 << 20, runtime_max=600.0)
+    session = registry.spawn(make_request(ECHO, resources=props))
+    try:
+        stored = registry.get(session.id)
+        if subject.placement is Placement.SCOPED:
+            assert stored.resources is not None
+            assert stored.resources.limits == {"memory_max": 256 << 20, "runtime_max": 600.0}
+            assert stored.resources.describe() == "memory_max 256MiB, runtime_max 600s"
+        else:
+            # No scope of its own: no class applies (docs/resources.md).
+            assert stored.resources is None
+    finally:
+        subject.end(session)
 
 
 def test_lookup(subject: Subject) -> None:
