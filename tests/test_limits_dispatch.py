@@ -167,3 +167,71 @@ def test_a_full_limit_every_assignee_uses_ends_the_walk_at_the_first_page(rig: R
     report = tick.tick(rig.clock.time())
     assert len(report.dispatched) == 1 and len(pages) == 1
     assert len(report.limited) == WALK_PAGE - 1
+
+
+LIVE = """
+serve:
+  safety_tick: 30s
+limits:
+  slots: {concurrency: %d}
+kanban:
+  assignees:
+    slow:
+      command: [sleep, '60']
+      uses: [slots]
+"""
+
+
+def test_reload_changes_a_limit_live_and_stops_nothing(tmp_path: Path) -> None:
+    """A real gateway (real workers, a fake clock): lowering a limit by ``dispatch reload``
+    holds new claims and leaves running workers alone; raising it lets the card start."""
+    from dispatcher.app.workspace import Workspace
+    from dispatcher.config import load_config
+    from dispatcher.gateway.serve import Gateway
+    from tests.support.env import no_bus_env
+
+    config = tmp_path / "config.yaml"
+    config.write_text(LIVE % 2)
+    environ = no_bus_env(tmp_path)
+    clock = FakeClock(1_800_000_000.0)
+    settings = load_config(config).settings
+    gateway = Gateway(
+        settings=settings,
+        state_dir=tmp_path / "state",
+        environ=environ,
+        config_path=config,
+        clock=clock,
+    )
+    gateway.start()
+    try:
+        workspace = Workspace(settings, tmp_path / "state", environ=environ, clock=clock)
+        try:
+            cards = [
+                workspace.board.add(f"c{i}", assignee="slow", now=clock.time())[0].id
+                for i in range(3)
+            ]
+        finally:
+            workspace.close()
+        store = gateway._store
+        assert store is not None
+
+        def running() -> set[str]:
+            return {c.id for c in store.list_cards(statuses=[CardStatus.RUNNING])}
+
+        gateway.step(clock.monotonic(), poked=True)
+        assert running() == set(cards[:2])  # the first two in claim order
+        config.write_text(LIVE % 1)
+        gateway.request_reload()
+        gateway.step(clock.monotonic())
+        assert gateway.settings.limits["slots"].concurrency == 1
+        assert running() == set(cards[:2])  # nothing was stopped
+        config.write_text(LIVE % 3)
+        gateway.request_reload()
+        gateway.step(clock.monotonic())
+        assert running() == set(cards)
+    finally:
+        registry = gateway._runtime.registry if gateway._runtime else None
+        for session in registry.list_sessions() if registry else []:
+            registry.kill(session.id, reason="test over")  # type: ignore[union-attr]
+        gateway.shutdown()
+        gateway.close()
