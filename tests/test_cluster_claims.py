@@ -24,8 +24,11 @@ from dispatcher.kanban.model import (
     Limits,
     NewCard,
 )
+from dispatcher.kanban.store import ready_query
+from dispatcher.kanban.tick import WALK_PAGE
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.outcome import Outcome, Result
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -210,6 +213,21 @@ def _crash(url: str, step: str, card: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _until_abandoned_transactions_end(db: ClusterDB) -> None:
+    """The server ends a killed client's backend (releasing its locks) only once it reads the
+    closed socket; under load that can lag the client's death by a moment."""
+
+    def open_transactions() -> int:
+        with db.connect() as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    wait_for(lambda: open_transactions() == 0, timeout=20, what="the killed client's backend")
+
+
 def test_a_claimer_killed_inside_its_claim_leaves_the_card_claimable(
     db: ClusterDB, pg_url: str
 ) -> None:
@@ -217,6 +235,7 @@ def test_a_claimer_killed_inside_its_claim_leaves_the_card_claimable(
     (card_id,) = _cards(PgBoardStore(db), 1)
     died = _crash(pg_url, "claim_counted", card_id)
     assert died.returncode == -9 and "survived" not in died.stdout, died.stderr
+    _until_abandoned_transactions_end(db)
     other = PgBoardStore(db, HostStamp(host_id="b", epoch=1))
     assert other.get_card(card_id).status is CardStatus.READY
     claim = other.claim(
@@ -241,6 +260,7 @@ def test_a_rescuer_killed_mid_rescue_changes_nothing(db: ClusterDB, pg_url: str)
     assert run is not None
     died = _crash(pg_url, "rescue_taken", card_id)
     assert died.returncode == -9, died.stderr
+    _until_abandoned_transactions_end(db)
     assert hosts.row("a").epoch == 1  # type: ignore[union-attr]
     assert on_a.get_run(run.run_id).open
     # The next rescue does it whole, once.
@@ -250,3 +270,21 @@ def test_a_rescuer_killed_mid_rescue_changes_nothing(db: ClusterDB, pg_url: str)
     )
     assert [r.runs for r in rescued] == [(run.run_id,)]
     assert on_a.get_card(card_id).status is CardStatus.READY
+
+
+def test_the_walk_skips_cards_backing_off_through_an_index(db: ClusterDB) -> None:
+    with db.write(None) as conn:
+        conn.execute(
+            "INSERT INTO kanban_cards (id, title, assignee, status, priority, created_at,"
+            " updated_at, retry_at) SELECT 'c_' || lpad(to_hex(g), 10, '0'), 't', 'a', 'ready',"
+            " mod(g, 2) * 5, g, g, CASE WHEN mod(g, 2) = 1 THEN 4e9 END"
+            " FROM generate_series(1, 20000) g"
+        )
+        conn.execute("ANALYZE kanban_cards")
+    sql, params = ready_query(limit=WALK_PAGE, now=NOW)
+    with db.read() as conn:
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql, params).fetchall())
+    assert "Seq Scan" not in plan and "kanban_cards_ready" in plan, plan
+    assert "kanban_cards_retry" in plan, plan
+    page = PgBoardStore(db).ready_cards(limit=WALK_PAGE, now=NOW)
+    assert len(page) == WALK_PAGE and all(c.retry_at is None for c in page)

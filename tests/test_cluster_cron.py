@@ -1,6 +1,7 @@
 """Cron in cluster mode on a real PostgreSQL ledger: three hosts' schedulers (fake clocks and
 fake registries, one ledger) fire every occurrence exactly once with no leader, catch up once
-after a whole-cluster outage, share pause state, and a dead host's fires are settled."""
+after a whole-cluster outage, share pause state, a dead host's fires are settled, and a
+fire's retry is started by whichever host comes to it first."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from dispatcher.cron.scheduler import CronScheduler
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings
 from dispatcher.cron.zones import fixed_zone
 from dispatcher.launch.outcome import Outcome
+from dispatcher.launch.retry import Backoff, Jitter, RetryPolicy
 from registry.fake import FakeRegistry
 from scope.foundation.clock import FakeClock
 
@@ -183,6 +185,40 @@ def test_a_dead_hosts_fires_are_settled_by_the_rescuer(
         b.scheduler.tick(clock.time())  # the inherited fire runs here
         assert next(s.owner.id for s in b.registry.sessions.values()) == claimed[0].fire_key
         assert PgLedger(db).by_key(claimed[0].fire_key).status is Status.RUNNING  # type: ignore[union-attr]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_retry_outlives_the_host_that_ran_the_failed_try(
+    db: ClusterDB, tmp_path: Path, clock: FakeClock
+) -> None:
+    retry = RetryPolicy(attempts=2, backoff=Backoff(initial=10.0, jitter=Jitter.NONE))
+    job = CronJob(id="r", schedule="*/5 * * * *", command=("work",), retry=retry)
+    a, b = Host("a", db, tmp_path, clock, job), Host("b", db, tmp_path, clock, job)
+    try:
+        for host in (a, b):
+            host.scheduler.catch_up(clock.time())
+        clock.set(T0 + 300.001)
+        a.scheduler.tick(clock.time())  # a decides and runs the fire's first try
+        (first,) = a.registry.running()
+        a.registry.finish(first.id, exit_code=1)
+        a.scheduler.tick(clock.time())
+        waiting = PgLedger(db).by_key("r@2026-01-05T10:05:00")
+        assert waiting is not None and waiting.status is Status.RETRY
+        # Every host sees a waiting retry; a is gone, so b starts it at its time.
+        assert [r.id for r in b.ledger.open_rows((Status.RETRY,))] == [waiting.id]
+        clock.set(T0 + 311)
+        b.scheduler.tick(clock.time())
+        (second,) = b.registry.running()
+        assert second.owner.id == waiting.fire_key and second.labels["try"] == "2"
+        b.registry.finish(second.id, exit_code=0)
+        b.scheduler.tick(clock.time())
+        done = PgLedger(db).by_key(waiting.fire_key)
+        assert done is not None and done.outcome is Outcome.COMPLETED
+        assert [t.session_id for t in done.tries] == [first.id, second.id]
+        assert _fires(db)[0][1] == "b"  # the host that ran the last try
+        assert a.scheduler.tick(clock.time()).started == ()  # never twice
     finally:
         a.close()
         b.close()

@@ -13,7 +13,7 @@ from dispatcher.cluster.database import ClusterDB, ClusterError
 from dispatcher.cluster.ledger import PgLedger
 from dispatcher.cluster.migrate import migrate
 from dispatcher.cron.ledger import Ledger
-from dispatcher.cron.records import Kind, Status
+from dispatcher.cron.records import Kind, Status, Try, dump_tries
 from dispatcher.kanban.model import (
     CardChange,
     CardStatus,
@@ -67,8 +67,17 @@ def _fill(state_dir: Path) -> tuple[str, str]:
                 decided_at=NOW,
                 status=Status.DONE,
                 outcome="completed",
+                attempt=2,
+                attempts=3,
+                tries=dump_tries(
+                    (
+                        Try(attempt=1, outcome=Outcome.FAILED, exit_code=1),
+                        Try(attempt=2, outcome=Outcome.COMPLETED, exit_code=0),
+                    )
+                ),
+                retry_reason="no retry needed",
             )
-        ledger.set_paused("j", True, NOW)
+        ledger.set_paused("j", True, NOW, "every attempt failed")
         return parent.id, child.id
 
 
@@ -110,8 +119,10 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
         _, tallies = after.limit_tallies((("api", API),), now=NOW + 60)
         assert (tallies["api"].starts, tallies["api"].nth_start) == (1, NOW)
         ledger = PgLedger(cluster)
-        assert ledger.job_states()["j"].paused is True
-        assert [r.fire_key for r in ledger.history()] == ["j@1"]
+        assert ledger.job_states() == Ledger(db).job_states()  # the pause reason included
+        assert ledger.job_states()["j"].paused_reason == "every attempt failed"
+        assert ledger.history() == Ledger(db).history()  # a fire's tries and attempts included
+        assert [len(r.tries) for r in ledger.history()] == [2]
         # New events continue after the copied sequence.
         after.edit_card(
             child_id,

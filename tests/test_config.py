@@ -34,7 +34,7 @@ def test_defaults_match_the_design() -> None:
     assert s.registry.kill_grace == 2
     assert s.cron.require_restart_safe_scope is False
     assert s.kanban.degrade_without_scope is False
-    assert s.kanban.failure_limit == 2
+    assert s.kanban.failure_limit is None and s.kanban.limit_for() == 2
 
 
 def test_sample_config_is_valid() -> None:

@@ -93,3 +93,27 @@ def test_events_are_append_only(db: StateDB, store: SqliteBoardStore) -> None:
     with pytest.raises(sqlite3.DatabaseError, match="append-only"), db.write() as conn:
         conn.execute("UPDATE kanban_events SET kind = 'x' WHERE card_id = ?", (card_id,))
     assert store.events_of(card_id)[0].kind == "created"
+
+
+def test_the_walk_skips_cards_backing_off_through_an_index(
+    db: StateDB, store: SqliteBoardStore
+) -> None:
+    from dispatcher.kanban.store import ready_query
+    from dispatcher.kanban.tick import WALK_PAGE
+
+    with db.write() as conn:
+        conn.execute(
+            "WITH RECURSIVE g(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM g WHERE x < 20000)"
+            " INSERT INTO kanban_cards (id, title, assignee, status, priority, created_at,"
+            " updated_at, retry_at) SELECT printf('c_%010x', x), 't', 'a', 'ready', x % 2 * 5,"
+            " x, x, CASE WHEN x % 2 = 1 THEN 4e9 END FROM g"
+        )
+        conn.execute("ANALYZE")
+    sql, params = ready_query(limit=WALK_PAGE, now=2e9)
+    with db.read() as conn:
+        plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+    assert "SCAN kanban_cards USING INDEX kanban_cards_ready" in plan, plan
+    assert any(p.startswith("SEARCH kanban_cards USING INDEX kanban_cards_retry") for p in plan)
+    assert not any(p == "SCAN kanban_cards" for p in plan), plan
+    page = store.ready_cards(limit=WALK_PAGE, now=2e9)
+    assert len(page) == WALK_PAGE and all(c.retry_at is None for c in page)

@@ -156,6 +156,8 @@ def test_exit_ranges_parse() -> None:
         ("{backoff: {initial: 1m, max: 10s}}", "kanban.retry.backoff.max: must be at least"),
         ("{backoff: {jitter: some}}", "kanban.retry.backoff.jitter: invalid value"),
         ("{attempts: 4}\n  failure_limit: 3", "kanban.retry.attempts: conflicts with kanban"),
+        # Even when failure_limit is spelled out at its default value.
+        ("{attempts: 4}\n  failure_limit: 2", "kanban.retry.attempts: conflicts with kanban"),
     ],
 )
 def test_bad_retry_config_is_one_line_naming_the_key(retry: str, expected: str) -> None:
@@ -173,10 +175,21 @@ def test_retry_config_per_assignee_and_default() -> None:
         "c.yaml",
     )
     breaker = Breaker.from_settings(settings.kanban)
+    assert (settings.kanban.limit_for(), settings.kanban.limit_for("b")) == (4, 2)
     assert breaker.policy("a").attempts == 4
     assert breaker.policy("b").backoff.jitter is Jitter.NONE
     assert breaker.limit(card(assignee="b")) == 2
     assert breaker.limit(card(assignee="a", failure_limit=7)) == 7
+
+
+def test_failure_limit_and_attempts_are_one_setting() -> None:
+    def limit(text: str) -> int:
+        return parse_config(f"kanban:\n{text}", "c.yaml").kanban.limit_for()
+
+    assert limit("  failure_limit: 5\n") == 5
+    assert limit("  retry: {attempts: 5}\n") == 5
+    assert limit("  failure_limit: 5\n  retry: {attempts: 5}\n") == 5  # the same answer twice
+    assert limit("  retry: {backoff: {initial: 1s}}\n") == 2
 
 
 # -- kanban -----------------------------------------------------------------------------------

@@ -131,6 +131,7 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "dispatcher.errors",
             "dispatcher.paths",
             "dispatcher.timefmt",
+            "dispatcher.buckets",
             "dispatcher.envfile",
             "dispatcher.commonsettings",
         ),

@@ -92,8 +92,8 @@ def exercise(conn: Any, store_db: Any, store: SqlBoardStore) -> list[tuple[str, 
     store._turn(recording, "g7")
     store._turn(recording, None)
     seen = recording.seen
-    page = store.ready_cards(limit=256)
-    store.ready_cards(after=page[-1], limit=256)
+    page = store.ready_cards(limit=256, now=NOW)  # as the tick's walk asks
+    store.ready_cards(after=page[-1], limit=256, now=NOW)
     return seen + store_db.seen
 
 

@@ -604,6 +604,78 @@ def test_metrics_count_runs_and_the_ready_to_running_latency(dash: Dash) -> None
     assert metrics["dispatch_kanban_runs_open"][()] == 0
 
 
+def test_metrics_count_retries_by_reason_and_fires_retried(dash: Dash) -> None:
+    from dispatcher.cron.changes import FireChange
+    from dispatcher.cron.records import Kind, RetryKind, Status, Try
+    from dispatcher.kanban.model import EventKind
+    from dispatcher.launch.outcome import Outcome
+
+    card = dash.add("flaky")
+    store = dash.source.store
+    now = time.time()
+    for kind, data in (
+        (EventKind.FAILED, {"retry_at": now + 10, "attempt": 1}),  # counted back-off
+        (EventKind.FAILED, {"retry_at": now + 10, "counted": False}),  # counted: false rule
+        (EventKind.TEMPFAIL, {"retry_at": now + 30}),  # exit 75
+        (EventKind.FAILED, {"attempt": 2}),  # the breaker gave up: no retry
+        (EventKind.DEFERRED, {"until": now + 60}),
+    ):
+        store.append_event(card, kind, data, now=now)
+    ledger = dash.source.ledger()
+    failed = Try(attempt=1, outcome=Outcome.FAILED)
+    fires = {
+        "nightly@2026-12-01T03:00:00": (
+            (failed, Try(attempt=2, outcome=Outcome.COMPLETED)),
+            "done",
+        ),
+        "nightly@2026-12-02T03:00:00": (
+            (Try(attempt=1, outcome=Outcome.DEFERRED, counted=False),),
+            "retry",
+        ),
+        "nightly@2026-12-03T03:00:00": ((Try(attempt=1, outcome=Outcome.COMPLETED),), "done"),
+    }
+    for key, (tries, status) in fires.items():
+        with ledger.transaction() as tx:
+            row_id = tx.insert(
+                fire_key=key,
+                job_id="nightly",
+                kind=Kind.SCHEDULE,
+                nominal_wall=key[8:],
+                zone="UTC",
+                nominal=now,
+                decided_at=now,
+                status=Status.CLAIMED,
+                attempts=3,
+            )
+        assert row_id is not None
+        change = FireChange(
+            status=Status(status),
+            tries=tries,
+            retry_kind=RetryKind.DEFERRED,
+            retry_at=now + 600,
+            retry_reason="quota",
+        )
+        ledger.update(row_id, [Status.CLAIMED], change)
+    metrics = _metrics(dash)
+    kanban = metrics["dispatch_kanban_retries_total"]
+    assert kanban == {
+        (("reason", "backoff"),): 1,
+        (("reason", "uncounted"),): 2,
+        (("reason", "deferred"),): 1,
+    }
+    cron = metrics["dispatch_cron_retries_total"]
+    assert cron == {
+        (("job", "nightly"), ("reason", "backoff")): 1,
+        (("job", "nightly"), ("reason", "deferred")): 1,
+    }
+    assert metrics["dispatch_cron_fires_retried_total"] == {(("job", "nightly"),): 1}
+    # The cron page shows the pending deferral and the retried fire's tries.
+    page = dash.client.get("/cron/nightly").text
+    history = page[page.index("<h2>History</h2>") :]
+    assert "attempt 1 of 3: failed" in history, history
+    assert "by the worker: quota" in history
+
+
 @pytest.mark.postgres
 def test_cluster_mode_shows_every_host_and_its_lease(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], pg_url: str
@@ -652,19 +724,21 @@ def test_the_small_page_defects_are_gone(dash: Dash, monkeypatch: pytest.MonkeyP
     assert re.search(r"<dt>started</dt><dd>\d\d:\d\d:\d\d \S+ \((now|\d+s ago)\)</dd>", page)
     assert not re.search(r"\d\d:\d\d:\d\d [+-]\d\d:\d\d", page)  # no bare numeric offset
     # A kanban session's owner links its card (through its run).
-    assert dash.cli("kanban", "add", "sleepy", "--assignee", "sleeper")[0] == 0
+    code, out, err = dash.cli("kanban", "add", "sleepy", "--assignee", "sleeper")
+    assert code == 0, err
+    sleepy = out.strip()
     assert dash.cli("kanban", "tick")[0] == 0
-    # (The tick also started "first", whose quick worker may not have ended yet.)
-    listed = dash.json("kanban", "list")
-    [running] = [c for c in listed if c["status"] == "running" and c["title"] == "sleepy"]
-    shown = dash.json("kanban", "show", running["id"])
+    # The tick also claims the echo cards above; only the sleeper's run stays up.
+    shown = dash.json("kanban", "show", sleepy)
+    assert shown["status"] == "running", shown
     run = shown["current_run_id"]
     worker = next(r for r in shown["runs"] if r["run_id"] == run)["session_id"]
     page = dash.client.get(f"/sessions/{worker}").text
     assert f'<a href="/runs/{run}">kanban:{run}</a>' in page
     # The cron job page shows the command and the policies as `cron list` writes them.
     job = dash.client.get("/cron/nightly").text
-    listed = dash.cli("cron", "list")[1]
+    code, listed, err = dash.cli("cron", "list")
+    assert code == 0 and "overlap=" in listed, (code, listed, err)
     policies = listed[listed.index("overlap=") :].splitlines()[0].strip()
     assert "<dt>command</dt><dd><code>true</code>" in job and f"<code>{policies}</code>" in job
     # The status page's doctor panel starts as `dispatch doctor` does on such a host.

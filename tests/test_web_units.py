@@ -166,7 +166,7 @@ def test_rank_orders_like_the_board() -> None:
 
 def test_columns_count_what_they_do_not_show() -> None:
     done = [_card(f"c_{i:04d}", CardStatus.DONE, completed_at=NOW + i) for i in range(60)]
-    tiles = views.tiles(done[-views.DONE_PAGE :], [], local_host="h", failure_limit=3)
+    tiles = views.tiles(done[-views.DONE_PAGE :], [], local_host="h", limit_for=lambda _a: 3)
     columns = views.columns(tiles, {CardStatus.DONE: 120}, done_offset=50)
     done_column = next(c for c in columns if c.status == "done")
     assert done_column.total == 120 and done_column.hidden == 120 - views.DONE_PAGE
@@ -312,7 +312,7 @@ def test_web_help_names_every_option(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_a_tile_shows_a_card_backing_off_with_when() -> None:
     waiting = views.tile(
-        _card("c_r1", CardStatus.READY, retry_at=NOW + 40), None, host=None, failure_limit=2
+        _card("c_r1", CardStatus.READY, retry_at=NOW + 40), None, host=None, limit_for=lambda _a: 2
     )
     html = render.Renderer().macro("_tile.html", "tile", waiting, NOW)
     assert "backing off · next try in 40s" in html
@@ -327,7 +327,20 @@ def test_a_tile_says_when_its_assignee_is_not_configured() -> None:
         _card("c_here", CardStatus.READY),
         _card("c_done", CardStatus.DONE, assignee="gone", completed_at=NOW),
     ]
-    marked = views.tiles(cards, [], local_host="h", failure_limit=3, assignees={"a"})
+    marked = views.tiles(cards, [], local_host="h", limit_for=lambda _a: 3, assignees={"a"})
     assert [t.unconfigured for t in marked] == [True, False, False]
-    unknown = views.tiles(cards, [], local_host="h", failure_limit=3)
+    unknown = views.tiles(cards, [], local_host="h", limit_for=lambda _a: 3)
     assert not any(t.unconfigured for t in unknown)
+
+
+def test_a_tile_counts_failures_against_its_assignees_own_attempts() -> None:
+    """An assignee's ``retry.attempts`` is its cards' limit on the tile, as in ``kanban show``;
+    a card's own ``--failure-limit`` still wins."""
+    limits = {"a": 5, "b": 2}
+    cards = [
+        _card("c_a", CardStatus.READY),
+        _card("c_b", CardStatus.READY, assignee="b"),
+        _card("c_own", CardStatus.READY, failure_limit=9),
+    ]
+    shown = views.tiles(cards, [], local_host="h", limit_for=limits.__getitem__)
+    assert [t.failure_limit for t in shown] == [5, 2, 9]

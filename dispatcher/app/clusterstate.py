@@ -29,6 +29,7 @@ from dispatcher.notify.store import NotifyStore
 from dispatcher.settings import Settings
 from dispatcher.tokens.store import TokenStore
 from registry.store.database import StateDB
+from scope.foundation.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from dispatcher.cluster.board import HostStamp, PgBoardStore
@@ -36,13 +37,35 @@ if TYPE_CHECKING:
     from dispatcher.cluster.hosts import Hosts
     from dispatcher.cron.ledger import Ledger
 
-__all__ = ["ClusterState", "cluster_url", "open_cluster_state"]
+__all__ = ["ClusterState", "DatabaseClock", "cluster_url", "open_cluster_state"]
 
 
 def cluster_url(settings: Settings, environ: Mapping[str, str]) -> str | None:
     """The cluster database URL in force (``DISPATCH_DATABASE_URL``, else the config's), or
     None for a single host on SQLite."""
     return settings.cluster.url(environ)
+
+
+class DatabaseClock:
+    """The cluster database's clock as one command sees it: this host's wall clock minus the
+    skew measured on first use (one query), so times a command stores (a deferral's ``until``,
+    a board change) are on the clock every host compares them with."""
+
+    def __init__(self, hosts: Hosts, inner: Clock | None = None) -> None:
+        self.hosts = hosts
+        self.inner = inner or SystemClock()
+        self._skew: float | None = None
+
+    def time(self) -> float:
+        if self._skew is None:
+            self._skew = self.hosts.measure_skew(self.inner)
+        return self.inner.time() - self._skew
+
+    def monotonic(self) -> float:
+        return self.inner.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        self.inner.sleep(seconds)
 
 
 @dataclass(kw_only=True)
@@ -76,6 +99,12 @@ class ClusterState:
         ledger = Ledger(self.local)
         ledger.outbox = self.outbox
         return ledger
+
+    @functools.cached_property
+    def clock(self) -> Clock:
+        """The clock cluster state is compared on: the database's in cluster mode (measured
+        on first use), this host's otherwise."""
+        return DatabaseClock(self.hosts) if self.hosts is not None else SystemClock()
 
     @property
     def clustered(self) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.app.reports import spawn_environ
 from dispatcher.cron.firing import FireRunner
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
@@ -102,6 +103,7 @@ class CronJobs:
             claimant=Claimant.current(instance=True).token(),
             clock=SystemClock(),
             config_path=self.config_path,
+            settings=self.settings.cron,
         )
         runner.reconcile({job.id: job for job in self.settings.cron.jobs})
 
@@ -116,8 +118,14 @@ class CronJobs:
             if job_active(plan.job, state):
                 fires = tuple(plan.schedule.next_instants(now, upcoming))
             warnings = tuple(self._env_warnings(plan))
+            retry = self.settings.cron.policy(plan.job)
             entry = job_entry(
-                plan, state, fires[0] if fires else None, last.get(plan.job.id), list(warnings)
+                plan,
+                state,
+                fires[0] if fires else None,
+                last.get(plan.job.id),
+                list(warnings),
+                attempts=retry.attempts if retry is not None else None,
             )
             found.append(
                 JobView(
@@ -156,7 +164,8 @@ class CronJobs:
             self.settings.cron,
             runtime.registry,
             runtime.db,
-            environ=self.environ,
+            # The worker's `kanban defer` finds its fire from these (dispatcher.app.reports).
+            environ=spawn_environ(self.settings, self.environ),
             state_dir=self.state_dir,
             config_path=self.config_path,
             ledger=self.ledger,

@@ -110,7 +110,7 @@ def limits_doc(
         return []
     every = tuple(settings.limits.items())
     clock, tallies = store.limit_tallies(every, now=now, host=host)
-    ready = store.ready_cards(limit=SCANNED)
+    ready = store.ready_cards(limit=SCANNED, now=now)
     waits = card_waits(settings, store, ready, now=now, host=host)
     titles = {card.id: card.title for card in ready}
     fires = _waiting_fires(settings, ledger)

@@ -24,7 +24,7 @@ from dispatcher.kanban.board import Board
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.settings import Settings
 from scope.abc import CallerKind
-from scope.foundation.clock import Clock, SystemClock
+from scope.foundation.clock import Clock
 
 if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
@@ -57,7 +57,6 @@ class Workspace:
         self.environ = dict(environ)
         self.config_path = config_path
         self.caller = caller
-        self.clock: Clock = clock or SystemClock()
         self.db = open_state(self.state_dir)
         try:
             self.cluster: ClusterState = open_cluster_state(
@@ -66,6 +65,9 @@ class Workspace:
         except BaseException:
             self.db.close()
             raise
+        # Cluster mode: the database's clock, so a defer's time or a claim's "now" mean the
+        # same on every host.
+        self.clock: Clock = clock or self.cluster.clock
         self.store: SqlBoardStore = self.cluster.board
         self.board = Board(
             self.store, settings.kanban, registry=self.registry, state_dir=self.state_dir
@@ -75,7 +77,7 @@ class Workspace:
         self._opened_version = self.store.board_version()
 
     def now(self) -> float:
-        """The current wall time."""
+        """The current wall time (the cluster database's in cluster mode)."""
         return self.clock.time()
 
     def _open_runtime(self) -> Runtime:

@@ -24,7 +24,7 @@ from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups, 
 from dispatcher.cron.crontab import parse as parse_crontab
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.records import FireRecord
-from dispatcher.cron.report import iso_in, policy_text, row_entry
+from dispatcher.cron.report import attempt_text, history_lines, iso_in, policy_text, row_entry
 from dispatcher.cron.timeline import EARLIEST, LATEST, CronSchedule, Schedule
 from dispatcher.cron.zones import host_zone_name, load_zone
 from dispatcher.gateway.statusfile import scheduler_zone
@@ -164,7 +164,7 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
     for entry in entries:
         state_text = "active" if entry["active"] else "disabled"
         if entry["paused"]:
-            state_text = "paused"
+            state_text = "paused (exhausted)" if entry.get("paused_reason") else "paused"
         nxt = entry.get("next_fire_at")
         unknown = "-" if entry["schedule"] else "?"  # no schedule: the config is not loaded
         rows.append(
@@ -190,11 +190,16 @@ def _last_text(entry: dict[str, Any], times: TimeView) -> str:
     return f"{entry['last_outcome']} {times.ago(at)}" if at else entry["last_outcome"]
 
 
-def _table(ctx: Context, rows: Sequence[Sequence[str]]) -> None:
+def _table(
+    ctx: Context, rows: Sequence[Sequence[str]], details: dict[int, list[str]] | None = None
+) -> None:
+    """Aligned columns; ``details`` are indented lines printed under the row of that index."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
+    for index, row in enumerate(rows):
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
         ctx.out("  ".join(cells).rstrip())
+        for line in (details or {}).get(index, []):
+            ctx.out(f"    {line}")
 
 
 # -- next ------------------------------------------------------------------------------------
@@ -294,12 +299,14 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
         ctx.out("no cron history")
         return 0
     times = ctx.times()
-    header = ["FIRE KEY", "OUTCOME", "NOMINAL", "PLACEMENT", "SESSION", "EXIT", "CLASS", "USED"]
-    header.append("ERROR")
+    header = ["FIRE KEY", "OUTCOME", "ATTEMPT", "NOMINAL", "PLACEMENT", "SESSION", "EXIT"]
+    header += ["CLASS", "USED", "ERROR"]
     if hosts is not None:
         header.insert(1, "HOST")
     table: list[tuple[str, ...]] = [tuple(header)]
+    details: dict[int, list[str]] = {}
     for row in rows:
+        details[len(table)] = history_lines(row, times)
         entry = row_entry(row)
         exit_text = "-" if row.exit_code is None else str(row.exit_code)
         if row.signal:
@@ -307,6 +314,7 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
         cells = [
             row.fire_key,
             entry["outcome"] + (" (catch-up)" if row.catch_up else ""),
+            attempt_text(row),
             times.both(row.nominal, row.zone),
             row.placement or "-",
             row.session_id or "-",
@@ -318,7 +326,7 @@ def handle_history(args: argparse.Namespace, ctx: Context) -> int:
         if hosts is not None:
             cells.insert(1, hosts.get(row.id) or "-")
         table.append(tuple(cells))
-    _table(ctx, table)
+    _table(ctx, table, details)
     return 0
 
 

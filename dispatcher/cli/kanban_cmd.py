@@ -23,19 +23,26 @@ from dispatcher.app.documents import (
 )
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli.context import Context
-from dispatcher.cli.options import positive_int, watch_options, watched
+from dispatcher.cli.kanban_args import (
+    CARD_HELP,
+    FAILURE_LIMIT,
+    GROUP_HELP,
+    PRIORITY,
+    add_options,
+    body_options,
+    list_options,
+    worker_options,
+)
+from dispatcher.cli.options import watch_options, watched
 from dispatcher.cli.parser import (
     Parser,
     Subparsers,
     add_group,
     add_subgroups,
     int_arg,
-    path_arg,
 )
-from dispatcher.kanban.board import FAILURE_LIMIT_RANGE, PRIORITY_RANGE
 from dispatcher.kanban.model import MOVE_TARGETS, Card, CardEdit, CardStatus
 from dispatcher.kanban.views import (
-    SORT_KEYS,
     board_text,
     card_json,
     card_table,
@@ -56,10 +63,6 @@ if TYPE_CHECKING:
     from dispatcher.app.limitview import Waits
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-PRIORITY = int_arg(*PRIORITY_RANGE)
-FAILURE_LIMIT = int_arg(*FAILURE_LIMIT_RANGE)
-CARD_HELP = "card id or a unique prefix (at least 4 characters)"
-GROUP_HELP = "the card's group (a customer, a tenant): claims take turns between groups"
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -72,9 +75,9 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         command.set_defaults(handler=handler)
         return command
 
-    _add_options(sub("add", "Add a card; prints its id.", handle_add))
+    add_options(sub("add", "Add a card; prints its id.", handle_add))
 
-    _list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
+    list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
 
     show = sub("show", "Show a card with its runs and events.", handle_show)
     show.add_argument("id", metavar="ID", help=CARD_HELP)
@@ -82,7 +85,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     edit = sub("edit", "Change a card's title, body, priority, assignee or group.", handle_edit)
     edit.add_argument("id", metavar="ID", help=CARD_HELP)
     edit.add_argument("--title", help="a new title")
-    _body_options(edit)
+    body_options(edit)
     edit.add_argument(
         "--priority", type=PRIORITY, metavar="N", help="a new priority (higher = sooner)"
     )
@@ -132,11 +135,11 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
     """``complete``, ``block`` and ``review``: what a worker reports about its own card."""
     complete = sub("complete", "Worker: report the card done.", handle_complete)
-    _worker_options(complete)
+    worker_options(complete)
     complete.add_argument("--result", metavar="TEXT", help="a short result to store")
 
     block = sub("block", "Worker: block the card.", handle_block)
-    _worker_options(block)
+    worker_options(block)
     block.add_argument(
         "--kind",
         required=True,
@@ -146,68 +149,18 @@ def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
     block.add_argument("--reason", required=True, metavar="TEXT", help="why, for the operator")
 
     review = sub("review", "Worker: hand the card to review.", handle_review)
-    _worker_options(review)
+    worker_options(review)
 
-    defer = sub("defer", "Worker: try the card again later (not counted).", handle_defer)
-    _worker_options(defer)
+    defer = sub(
+        "defer",
+        "Worker: try the card (in a cron worker: the fire) again later (not counted).",
+        handle_defer,
+    )
+    worker_options(defer)
     when = defer.add_argument_group("when").add_mutually_exclusive_group(required=True)
     when.add_argument("--for", dest="for_", metavar="DURATION", help="from now (5m, 1h30m)")
     when.add_argument("--until", metavar="TIME", help="an ISO-8601 time (local without offset)")
     defer.add_argument("--reason", default="", metavar="TEXT", help="why, for the operator")
-
-
-def _add_options(add: Parser) -> None:
-    """``kanban add``'s title and options."""
-    add.add_argument("title", metavar="TITLE", help="the card's title")
-    add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
-    _body_options(add)
-    add.add_argument("--priority", type=PRIORITY, default=0, metavar="N", help="higher = sooner")
-    add.add_argument(
-        "--parent",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="a card that must be done first (repeatable)",
-    )
-    add.add_argument("--idempotency-key", metavar="K", help="adding the same key again is a no-op")
-    add.add_argument(
-        "--failure-limit", type=FAILURE_LIMIT, metavar="N", help="override kanban.failure_limit"
-    )
-    add.add_argument("--group", metavar="G", help=GROUP_HELP)
-
-
-def _list_options(ls: Parser) -> None:
-    """``kanban list``'s filters, order, limit and --watch."""
-    ls.add_argument(
-        "--status",
-        choices=[s.value for s in CardStatus],
-        metavar="S",
-        help="only cards in status S (" + ", ".join(s.value for s in CardStatus) + ")",
-    )
-    ls.add_argument("--assignee", metavar="A", help="only cards of assignee A")
-    ls.add_argument("--all", action="store_true", help="include archived cards")
-    ls.add_argument(
-        "--sort",
-        choices=sorted(SORT_KEYS),
-        default="priority",
-        help="order: priority (highest first, the default), created (oldest first), "
-        "updated (newest first), status (board order) or id",
-    )
-    ls.add_argument("--limit", type=positive_int, metavar="N", help="at most N cards")
-    watch_options(ls)
-
-
-def _body_options(parser: Parser) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--body", metavar="TEXT", help="the card's body (the worker's brief)")
-    group.add_argument(
-        "--body-file", type=path_arg, metavar="F", help="read the body from F ('-': stdin)"
-    )
-
-
-def _worker_options(parser: Parser) -> None:
-    parser.add_argument("id", nargs="?", metavar="ID", help="the card (default: $DISPATCH_CARD_ID)")
-    parser.add_argument("--run", metavar="RUN", help="the run id (default: $DISPATCH_RUN_ID)")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -552,21 +505,46 @@ def handle_block(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def handle_defer(args: argparse.Namespace, ctx: Context) -> int:
-    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME."""
-    workspace = _workspace(ctx)
+    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME.
+    Inside a cron worker (no card, a fire key) it defers the fire's next try instead."""
+    env = ctx.environ
+    if not (args.id or args.run or env.get("DISPATCH_CARD_ID")) and env.get("DISPATCH_FIRE_KEY"):
+        return _defer_fire(args, ctx)
+    workspace = _report_workspace(ctx)
     now = workspace.now()
-    if args.for_ is not None:
-        try:
-            until = now + parse_duration(args.for_)
-        except Invalid as err:
-            raise UsageError(f"--for: {err.problem}") from None
-    else:
-        until = _until_arg(args.until)
+    until = _defer_until(args, now)
     card = workspace.board.defer(
         _card_id(args, ctx), _run_id(args, ctx), until=until, reason=args.reason, now=now
     )
     _print_card(ctx, card.id, card_json(card), f"{card.id} deferred until {iso(until)}")
     return 0
+
+
+def _defer_fire(args: argparse.Namespace, ctx: Context) -> int:
+    from dispatcher.app.reports import defer_fire
+    from dispatcher.cron.report import row_entry
+
+    row, until = defer_fire(
+        _quiet_settings(ctx),
+        ctx.state_dir,
+        ctx.environ,
+        until=lambda now: _defer_until(args, now),
+        reason=args.reason,
+    )
+    if ctx.json:
+        ctx.emit_json(row_entry(row))
+    else:
+        ctx.out(f"{row.fire_key}: next try deferred until {iso(until)}")
+    return 0
+
+
+def _defer_until(args: argparse.Namespace, now: float) -> float:
+    if args.for_ is None:
+        return _until_arg(args.until)
+    try:
+        return now + parse_duration(args.for_)
+    except Invalid as err:
+        raise UsageError(f"--for: {err.problem}") from None
 
 
 def _until_arg(text: str) -> float:

@@ -100,6 +100,8 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
     ctx.out(f"cards:      {cards}{paused}")
     ctx.out(f"admission:  {_admission_text(doc['admission'], times)}")
     _fires_lines(ctx, doc, times)
+    for paused in doc["cron_paused"]:
+        ctx.out(f"cron paused: {_paused_text(paused, times)}")
     for line in cluster_lines(doc.get("cluster")):
         ctx.out(line)
     errors = doc["recent_errors"]
@@ -131,6 +133,16 @@ def _placement_text(doc: dict[str, Any], config_broken: bool) -> str:
     if config_broken:
         how += "; built-in defaults judged: config not loaded"
     return f"{text} ({how})"
+
+
+def _paused_text(paused: dict[str, Any], times: TimeView) -> str:
+    """``backup since 02:41:10 CET by dispatch: <why>; dispatch cron resume backup``."""
+    job = paused["job_id"]
+    why = f": {paused['reason']}" if paused["reason"] else ""
+    return (
+        f"{job} since {times.both(paused['paused_at'])} by {paused['by']}{why};"
+        f" dispatch cron resume {job}"
+    )
 
 
 def _fires_lines(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ from dispatcher.kanban import rules
 from dispatcher.kanban.abc import Claim, ClaimVerdict
 from dispatcher.kanban.model import Card, EventKind, Limits, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, RUN_IDS, card_of, db_value, run_of
-from dispatcher.kanban.sql import SqlConnection
+from dispatcher.kanban.sql import READY_SINCE_SQL, SqlConnection
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.taxonomy import Breaker, after_run
 from dispatcher.launch import holds
@@ -96,8 +97,8 @@ def _claim_sql(marks: str = "") -> str:
         held = f"held AS (INSERT INTO limit_holds ({holds.HOLD_COLUMNS}) VALUES {marks}),"  # noqa: S608
     return (
         f"WITH {held} run AS (INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at,"  # noqa: S608
-        " claimer_pid, claimer_start, claimer_boot, host_id, epoch)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " claimer_pid, claimer_start, claimer_boot, host_id, epoch, ready_at)"
+        f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {READY_SINCE_SQL})"
         " RETURNING *),"
         f" card AS (UPDATE kanban_cards SET {assignments}"
         " WHERE id = ? AND status = 'ready' AND current_run_id IS NULL RETURNING id),"
@@ -119,6 +120,16 @@ class PgBoardStore(SqlBoardStore):
 
     PARENT_ORDER = "position"
     PREFIX_MATCH = "starts_with({column}, ?)"
+    # The history and search reads' spellings (dispatcher.kanban.sqlhistory): the same
+    # buckets, ASCII-only case folding and byte order as SQLite's.
+    BUCKET = "floor(({column} - ?) / ?)::bigint"
+    JSON_TEXT = "({column}::json ->> '{key}')"
+    TITLE_HAS = (
+        f"strpos(translate(c.title, '{string.ascii_uppercase}', '{string.ascii_lowercase}'), ?) > 0"
+    )
+    GREATEST = "greatest"
+    TEXT_ORDER = ' COLLATE "C"'
+    RUN_HOST = "r.host_id"
 
     def __init__(
         self,
@@ -270,6 +281,7 @@ class PgBoardStore(SqlBoardStore):
                 claimer.boot,
                 None if stamp is None else stamp.host_id,
                 None if stamp is None else stamp.epoch,
+                card_id,
                 *(db_value(v) for v in fields.values()),
                 now,
                 card_id,

@@ -10,8 +10,11 @@ The ledger's SQL is the SQLite ledger's (:class:`dispatcher.cron.ledger.Ledger`)
   outage of the whole cluster is decided once, by whichever host ticks first;
 * a ledger stamped for a host (:class:`~dispatcher.cluster.board.HostStamp`) writes its host id
   on every row it decides or takes, and sees only its own claimed, starting and running rows
-  (plus every queued one) in :meth:`PgLedger.open_rows`: those are the rows whose sessions its
-  registry knows. ``cron.max_concurrent`` counts this host's workers;
+  (plus every queued one and every fire waiting for its next try) in
+  :meth:`PgLedger.open_rows`: those are the rows whose sessions its registry knows, and a
+  waiting row is started by whichever host takes it first (compare-and-set), so a retry
+  outlives the host that ran the failed try. ``cron.max_concurrent`` counts this host's
+  workers;
 * :meth:`PgLedger.rescue_fires` settles a dead host's fires inside a rescue: started ones are
   ``lost`` (infrastructure), claimed ones that never started pass to the rescuing host, which
   runs them (a fire is missed only while no host is up).
@@ -33,6 +36,8 @@ from dispatcher.launch import holds
 from dispatcher.launch.limits import Tally, Wants
 
 LEDGER_LOCK = 0x64697370_6C6467  # "disp" "ldg": one ledger writer at a time
+_SHARED = (Status.QUEUED, Status.RETRY)
+"""Waiting rows any host may start (no worker of them runs anywhere)."""
 
 
 class PgTx(Tx):
@@ -148,7 +153,7 @@ class PgLedger(Ledger):
                     ([r.id for r in rows], self.stamp.host_id),
                 )
             }
-        return [r for r in rows if r.status is Status.QUEUED or r.id in mine]
+        return [r for r in rows if r.status in _SHARED or r.id in mine]
 
     def fire_hosts(self, row_ids: Sequence[int]) -> dict[int, str | None]:
         """The host that decided or ran each of these fires (``cron history``)."""

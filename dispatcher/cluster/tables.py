@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dispatcher.cron.tables import DECIDED_INDEX
 from dispatcher.launch.tables import HOLDS_TABLE
 
 BOARD = """
@@ -181,6 +182,15 @@ CREATE INDEX cron_fires_ended ON cron_fires (ended_at);
 """
 """Runs and fires by end time: the web's charts read one time range of each."""
 
+RUN_HISTORY = """
+ALTER TABLE kanban_runs ADD COLUMN ready_at double precision;
+DROP INDEX kanban_runs_ended;
+CREATE INDEX kanban_runs_closed ON kanban_runs
+    (ended_at, outcome, claimed_at, started_at, ready_at, card_id) WHERE ended_at IS NOT NULL;
+"""
+"""As the SQLite board's version 5 (dispatcher/kanban/tables.py): runs' ready time, and the
+closed runs by end time with every column the charts read."""
+
 TOKENS = """
 CREATE TABLE web_tokens (
     id text PRIMARY KEY,
@@ -196,19 +206,40 @@ CREATE TABLE web_tokens (
 """The HTTP API's tokens (the SQLite ``tokens`` component's table), so every host's web
 accepts them."""
 
+RETRIES = """
+ALTER TABLE cron_fires ADD COLUMN attempt integer NOT NULL DEFAULT 1;
+ALTER TABLE cron_fires ADD COLUMN attempts integer;
+ALTER TABLE cron_fires ADD COLUMN retry_at double precision;
+ALTER TABLE cron_fires ADD COLUMN retry_kind text;
+ALTER TABLE cron_fires ADD COLUMN retry_reason text;
+ALTER TABLE cron_fires ADD COLUMN tries text NOT NULL DEFAULT '[]';
+CREATE INDEX cron_fires_retry ON cron_fires (retry_at) WHERE status = 'retry';
+ALTER TABLE cron_jobs ADD COLUMN paused_reason text;
+"""
+"""A fire's tries and retries, why dispatch paused a job (the SQLite cron component's v3)."""
+
+READY_INDEXES = """
+CREATE INDEX kanban_cards_ready ON kanban_cards (priority DESC, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NULL;
+CREATE INDEX kanban_cards_retry ON kanban_cards (retry_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NOT NULL;
+"""
+"""Ready cards with and without a back-off (the SQLite kanban component's v4)."""
+
 GROUPS = """
 ALTER TABLE kanban_cards ADD COLUMN group_name text;
 ALTER TABLE kanban_cards ADD COLUMN turn bigint NOT NULL DEFAULT 0;
 DROP INDEX kanban_cards_pick;
-CREATE INDEX kanban_cards_queue ON kanban_cards (priority DESC, turn, created_at, id)
-    WHERE status = 'ready' AND current_run_id IS NULL;
+DROP INDEX kanban_cards_ready;
+CREATE INDEX kanban_cards_ready ON kanban_cards (priority DESC, turn, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NULL;
 CREATE INDEX kanban_cards_group ON kanban_cards (group_name, turn);
 INSERT INTO kanban_meta (key, value) VALUES ('round', 0);
 """ + HOLDS_TABLE.format(
     id="bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY", text="text", real="double precision"
 )
 """Card groups, their turns and the claim order's index (the SQLite ``kanban`` component's
-v4), and the named limits' holds (the SQLite ``limits`` component)."""
+v6), and the named limits' holds (the SQLite ``limits`` component)."""
 
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
@@ -217,7 +248,11 @@ MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (4, "the notification outbox", OUTBOX),
     (5, "runs and fires by end time", HISTORY_INDEXES),
     (6, "the HTTP API's tokens", TOKENS),
-    (7, "card groups and named limits", GROUPS),
+    (7, "a fire's tries and retries; pause reason", RETRIES),
+    (8, "ready cards with and without a back-off", READY_INDEXES),
+    (9, "settled fires that never ran, by decision time", DECIDED_INDEX),
+    (10, "runs' ready time; closed runs by end time", RUN_HISTORY),
+    (11, "card groups and named limits", GROUPS),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

@@ -8,7 +8,9 @@ for cluster mode):
 * a fire key is unique: inserting a row whose key is already present inserts nothing and says
   so (``None``), so any number of schedulers may try the same fire and exactly one owns it;
 * every change of a row's status is a compare-and-set on the status it is expected to have;
-* a job's watermark only moves forward; resuming a paused job moves it to the resume time;
+* a job's watermark only moves forward; resuming a paused job moves it to the resume time and
+  clears why it was paused;
+* a worker's deferral lands only on its own try while that try is starting or running;
 * a transaction (:meth:`LedgerStore.transaction`) commits every decision of a tick together, or
   none of them;
 * a fire takes the named limits its job ``uses`` in the compare-and-set that starts it, all or
@@ -28,6 +30,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.buckets import Bucket, Window
 from dispatcher.cron.records import FireRecord, JobState, Status
 from dispatcher.launch.limits import LimitWait, Tally, Wants
 
@@ -83,6 +86,12 @@ class LedgerTx(abc.ABC):
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set: apply ``change`` only if the row's status is one of ``expect``."""
 
+    @abc.abstractmethod
+    def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None = None) -> bool:
+        """Pause (with ``reason`` when dispatch pauses the job itself) or resume; False when
+        the job already was in that state. Resuming clears the reason and moves the watermark
+        to ``now`` so fires that fell in the pause are neither run nor missed."""
+
 
 class LedgerStore(abc.ABC):
     """Reads and writes the cron ledger (see the module docstring)."""
@@ -96,9 +105,17 @@ class LedgerStore(abc.ABC):
         """Every job's state row."""
 
     @abc.abstractmethod
-    def set_paused(self, job_id: str, paused: bool, now: float) -> bool:
-        """Pause or resume; False when the job already was in that state. Resuming moves the
-        watermark to ``now`` so fires that fell in the pause are neither run nor missed."""
+    def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None = None) -> bool:
+        """:meth:`LedgerTx.set_paused` in its own transaction."""
+
+    @abc.abstractmethod
+    def defer(
+        self, fire_key: str, *, session_id: str | None, until: float, reason: str | None
+    ) -> bool:
+        """The worker of a fire's try chooses when the next try starts: store ``until`` (and
+        ``reason``) on the fire, only while a try is starting or running whose session is
+        ``session_id`` (or not recorded yet) and only on a fire with a retry policy. False
+        when no such try is in progress (nothing changed)."""
 
     @abc.abstractmethod
     def get(self, row_id: int) -> FireRecord:
@@ -154,3 +171,24 @@ class LedgerStore(abc.ABC):
     @abc.abstractmethod
     def known_job(self, job_id: str) -> bool:
         """Whether the ledger has any row or state for ``job_id``."""
+
+    # -- history (the web's charts and timeline) ---------------------------------------------
+
+    @abc.abstractmethod
+    def fire_buckets(self, window: Window, *, job_id: str | None = None) -> list[Bucket]:
+        """Per bucket of ``window``, the settled fires (of ``job_id``) counted when they
+        settled (:func:`dispatcher.cron.history.fire_time`): counts by outcome, and the spreads
+        ``lag`` (due to start of scheduled fires) and ``run`` (start to end). Index ranges on
+        the end and decision times, never a walk of the ledger."""
+
+    @abc.abstractmethod
+    def fires_in(
+        self,
+        start: float,
+        end: float,
+        *,
+        job_id: str | None = None,
+        outcome: str | None = None,
+        limit: int = 500,
+    ) -> list[FireRecord]:
+        """At most ``limit`` settled fires whose time is in ``[start, end)``, by that time."""

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, fields
 from typing import Any
 
-from dispatcher.cron.records import Status
+from dispatcher.cron.records import RetryKind, Status, Try, dump_tries
 from dispatcher.launch.outcome import Outcome
 
 __all__ = ["UNSET", "FireChange", "Unset"]
@@ -48,6 +48,12 @@ class FireChange:
     signal: str | Unset | None = UNSET
     log_path: str | Unset | None = UNSET
     on_failure_session: str | Unset | None = UNSET
+    attempt: int | Unset = UNSET
+    attempts: int | Unset | None = UNSET
+    retry_at: float | Unset | None = UNSET
+    retry_kind: RetryKind | Unset | None = UNSET
+    retry_reason: str | Unset | None = UNSET
+    tries: tuple[Try, ...] | Unset = UNSET
 
     def columns(self) -> dict[str, Any]:
         """The columns this change sets, with their stored values."""
@@ -56,7 +62,9 @@ class FireChange:
             value = getattr(self, item.name)
             if value is UNSET:
                 continue
-            if isinstance(value, enum.Enum):
+            if item.name == "tries":
+                value = dump_tries(value)
+            elif isinstance(value, enum.Enum):
                 value = value.value
             elif isinstance(value, bool):
                 value = int(value)

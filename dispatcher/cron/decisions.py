@@ -5,6 +5,11 @@ transaction, so the rows, the overlap bookkeeping and the watermarks commit toge
 all). Nothing here spawns or kills: rows that should run are inserted ``claimed`` (or ``queued``),
 and workers a ``replace`` fire displaces are returned for the caller to stop after the commit.
 
+A fire waiting for its next try (``retry``) is still the job's running fire: ``skip`` records
+the new fire ``skipped_overlap``, ``queue_one`` queues it behind the retry, ``replace`` abandons
+the retry (the old fire ends ``replaced``) and ``allow`` lets both go on. A fire that should run
+is inserted with the tries its job's retry policy gives it (``attempts``).
+
 The transaction holds the database's write lock from its first statement, so the keys already
 in the ledger are read once up front and the new rows are written in one batch: a burst of a
 thousand due jobs costs a handful of statements, not thousands.
@@ -24,7 +29,7 @@ from dispatcher.cron.abc import LedgerTx
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.plan import JobPlan, job_active
 from dispatcher.cron.policy import Judged, OverlapAction, Verdict, judge, overlap_action
-from dispatcher.cron.records import ACTIVE, FireRecord, Kind, Status
+from dispatcher.cron.records import BUSY, FireRecord, Kind, Status
 from dispatcher.cron.settings import CronJob, CronSettings
 from dispatcher.cron.timeline import Occurrence, format_wall, key_of
 from dispatcher.launch.outcome import Outcome
@@ -159,19 +164,22 @@ class Decider:
         batch: Batch,
     ) -> None:
         """Fill in ``values`` for a fire that should run, after the overlap rule."""
-        active = [r for r in opened if r.status in ACTIVE]
+        active = [r for r in opened if r.status in BUSY]
         queued = [r for r in opened if r.status is Status.QUEUED]
         action = overlap_action(job.overlap, active=len(active), queued=len(queued))
         key = values["fire_key"]
         if action is OverlapAction.SKIP:
             busy = (active or queued)[0]
+            still = "waiting for its next try" if busy.status is Status.RETRY else "still running"
             values.update(
                 status=Status.DONE,
                 outcome=Outcome.SKIPPED_OVERLAP,
                 actual=now,
-                error=f"the job was still running ({busy.fire_key})",
+                error=f"the job was {still} ({busy.fire_key})",
             )
             return
+        policy = self.settings.policy(job)
+        values["attempts"] = policy.attempts if policy is not None else None
         jitter = self.rng.uniform(0.0, job.jitter) if job.jitter else 0.0
         if action is OverlapAction.QUEUE:
             values.update(status=Status.QUEUED, jitter=jitter)
@@ -198,8 +206,14 @@ class Decider:
             old.pending.update(done, claimant=None)
             return True
         assert old.id is not None
+        abandoned = old.status is Status.RETRY
         change = FireChange(
-            status=Status.DONE, outcome=Outcome.REPLACED, ended_at=now, error=f"replaced by {key}"
+            status=Status.DONE,
+            outcome=Outcome.REPLACED,
+            ended_at=now,
+            error=f"retry abandoned: replaced by {key}" if abandoned else f"replaced by {key}",
+            retry_at=None,
+            retry_kind=None,
         )
         if not tx.update(old.id, (old.status,), change):
             return False

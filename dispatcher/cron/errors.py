@@ -5,6 +5,7 @@
     DispatchError
     ├── UsageError
     │   ├── CronExpressionError   a crontab expression that cannot be used (exit 2)
+    │   ├── DeferRefused          a worker's defer that its fire cannot take (exit 2)
     │   └── ZoneError             a time zone name that cannot be loaded (exit 2)
     └── DispatcherError           dispatcher/errors.py
         └── CronError             a cron operation failed (exit 1)
@@ -42,6 +43,18 @@ class CronError(DispatcherError):
         job = self.fields.get("job_id")
         prefix = f"cron job {job!r}: " if job else ""
         return f"{prefix}{self.fields['problem']}"
+
+
+class DeferRefused(UsageError):
+    """``dispatch kanban defer`` inside a cron worker that its fire cannot take (no retry
+    policy, no try in progress, another try's worker, a time not in the future): one line,
+    exit 2, nothing changed."""
+
+    def __init__(self, fire_key: str, problem: str, *, remedy: str | None = None) -> None:
+        super().__init__(remedy=remedy, fire_key=fire_key, problem=problem)
+
+    def describe(self) -> str:
+        return f"cron fire {self.fields['fire_key']}: {self.fields['problem']}"
 
 
 class ZoneError(UsageError):

@@ -32,7 +32,7 @@ from dispatcher.cron.changes import FireChange
 from dispatcher.cron.firing import FireRunner
 from dispatcher.cron.records import WAITING, FireRecord, Kind, Status
 from dispatcher.cron.settings import CronJob
-from dispatcher.launch.limits import LimitWait
+from dispatcher.launch.limits import LimitWait, Wants, refusal
 from dispatcher.launch.outcome import Outcome, Result
 
 __all__ = [
@@ -127,6 +127,18 @@ class HeldFires:
     def __init__(self, ledger: LedgerStore, runner: FireRunner) -> None:
         self.ledger = ledger
         self.runner = runner
+
+    def full_limit(self, wants: Wants, *, now: float) -> str | None:
+        """What a start of ``wants`` would wait for now (``limit deploys (1 of 1 running):
+        the job waits for it``), or None: what ``dispatch cron run`` refuses with, since a
+        manual fire does not queue."""
+        if not wants:
+            return None
+        stamp = getattr(self.ledger, "stamp", None)  # a cluster ledger counts for its host
+        host = getattr(stamp, "host_id", None)
+        clock, tallies = self.ledger.limit_tallies(wants, now=now, host=host)
+        wait = refusal(wants, tallies, group=None)
+        return None if wait is None else f"{wait.describe(clock)}: the job waits for it"
 
     def hold(
         self, row: FireRecord, waiting: Waiting, *, job: CronJob | None, now: float

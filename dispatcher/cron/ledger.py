@@ -17,6 +17,7 @@ The records and the row life cycle are :mod:`dispatcher.cron.records`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import operator
 import sqlite3
@@ -25,14 +26,44 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron import notices
 from dispatcher.cron.abc import LedgerStore, LedgerTx, Take
-from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
+from dispatcher.cron.history import SqlFireHistory
+from dispatcher.cron.records import (
+    COLUMNS,
+    EMPTY_ROW,
+    FireRecord,
+    JobState,
+    Status,
+    Try,
+    load_tries,
+)
 from dispatcher.launch import holds
 from dispatcher.launch.holds import Holder, Taking
 from dispatcher.launch.limits import Tally, Wants
 from dispatcher.launch.outbox import Outbox
+from dispatcher.launch.outcome import Outcome
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
+
+
+@dataclasses.dataclass
+class RetryCounts:
+    """What :meth:`Ledger.retry_counts` found (``/metrics``)."""
+
+    retries: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    """Retries by (job, reason): ``backoff`` (counted), ``uncounted`` (exit 75, a rule with
+    ``counted: false``, infrastructure) or ``deferred`` (the worker chose the time)."""
+    fires: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Fires that had more than one try, by job."""
+
+    def add(self, job_id: str, tried: Try) -> None:
+        """Count one try that was followed by another."""
+        if tried.outcome is Outcome.DEFERRED:
+            reason = "deferred"
+        else:
+            reason = "backoff" if tried.counted else "uncounted"
+        key = (job_id, reason)
+        self.retries[key] = self.retries.get(key, 0) + 1
 
 
 class Tx(LedgerTx):
@@ -149,8 +180,36 @@ class Tx(LedgerTx):
         """Compare-and-set: update the row only if its status is one of ``expect``."""
         return _update(self.conn, row_id, expect, change.columns(), self.outbox)
 
+    def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None = None) -> bool:
+        """Pause (``reason``: dispatch paused it itself) or resume; False when the job already
+        was in that state (see :meth:`LedgerTx.set_paused`)."""
+        conn = self.conn
+        row = conn.execute("SELECT * FROM cron_jobs WHERE job_id = ?", (job_id,)).fetchone()
+        current = _job_state(row) if row else None
+        if current is not None and current.paused is paused:
+            return False
+        if paused:
+            conn.execute(
+                "INSERT INTO cron_jobs (job_id, paused, paused_at, paused_reason, updated_at)"
+                " VALUES (?, 1, ?, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 1,"
+                " paused_at = excluded.paused_at, paused_reason = excluded.paused_reason,"
+                " updated_at = excluded.updated_at",
+                (job_id, now, reason, now),
+            )
+            if self.outbox is not None:
+                notices.paused(conn, self.outbox, job_id, now, reason)
+        else:
+            conn.execute(
+                "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"  # noqa: S608
+                " VALUES (?, 0, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 0,"
+                f" paused_at = NULL, paused_reason = NULL, {_later_watermark(self.greatest)},"
+                " updated_at = excluded.updated_at",
+                (job_id, now, now),
+            )
+        return True
 
-class Ledger(LedgerStore):
+
+class Ledger(SqlFireHistory, LedgerStore):
     """Reads and writes the cron tables of a :class:`~registry.store.database.StateDB`.
 
     Its SQL serves every SQL backend: a subclass names its transaction class and its
@@ -180,32 +239,23 @@ class Ledger(LedgerStore):
             rows = conn.execute("SELECT * FROM cron_jobs").fetchall()
         return {row["job_id"]: _job_state(row) for row in rows}
 
-    def set_paused(self, job_id: str, paused: bool, now: float) -> bool:
-        """Pause or resume; returns False when the job already was in that state. Resuming moves
-        the watermark to ``now`` so fires that fell in the pause are neither run nor missed."""
+    def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None = None) -> bool:
+        """Pause or resume in its own transaction (see :meth:`Tx.set_paused`)."""
+        with self.transaction() as tx:
+            return tx.set_paused(job_id, paused, now, reason)
+
+    def defer(
+        self, fire_key: str, *, session_id: str | None, until: float, reason: str | None
+    ) -> bool:
+        """Store a worker's deferral on its fire's try in progress (see the contract)."""
         with self.db.write() as conn:
-            row = conn.execute("SELECT * FROM cron_jobs WHERE job_id = ?", (job_id,)).fetchone()
-            current = _job_state(row) if row else None
-            if current is not None and current.paused is paused:
-                return False
-            if paused:
-                conn.execute(
-                    "INSERT INTO cron_jobs (job_id, paused, paused_at, updated_at)"
-                    " VALUES (?, 1, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 1,"
-                    " paused_at = excluded.paused_at, updated_at = excluded.updated_at",
-                    (job_id, now, now),
-                )
-                if self.outbox is not None:
-                    notices.paused(conn, self.outbox, job_id, now)
-            else:
-                conn.execute(
-                    "INSERT INTO cron_jobs (job_id, paused, watermark, updated_at)"  # noqa: S608
-                    " VALUES (?, 0, ?, ?) ON CONFLICT(job_id) DO UPDATE SET paused = 0,"
-                    f" paused_at = NULL, {_later_watermark(self.GREATEST)},"
-                    " updated_at = excluded.updated_at",
-                    (job_id, now, now),
-                )
-        return True
+            cursor = conn.execute(
+                "UPDATE cron_fires SET retry_at = ?, retry_kind = 'deferred', retry_reason = ?"
+                " WHERE fire_key = ? AND status IN ('spawning', 'running')"
+                " AND attempts IS NOT NULL AND (session_id IS NULL OR session_id = ?)",
+                (until, reason, fire_key, session_id),
+            )
+            return bool(cursor.rowcount == 1)
 
     # -- rows --------------------------------------------------------------------------------
 
@@ -361,6 +411,27 @@ class Ledger(LedgerStore):
             ).fetchall()
         return {(str(row[0]), str(row[1])): int(row[2]) for row in rows}
 
+    def retry_counts(self) -> RetryCounts:
+        """Retries over the retained rows: each try followed by another (or by a pending
+        one), by job and reason, and the fires that had more than one try, by job."""
+        counts = RetryCounts()
+        with self.db.read() as conn:
+            # Only rows with two tries or more, or waiting for the next: the JSON of a fire
+            # of one try is never parsed.
+            rows = conn.execute(
+                "SELECT job_id, status, tries FROM cron_fires WHERE status = 'retry'"
+                " OR tries LIKE ?",
+                ("%},{%",),  # a bound pattern: the shared SQL holds no literal '%'
+            ).fetchall()
+        for row in rows:
+            tries = load_tries(row[2])
+            followed = tries if row[1] == Status.RETRY.value else tries[:-1]
+            for tried in followed:
+                counts.add(str(row[0]), tried)
+            if len(tries) > 1:
+                counts.fires[str(row[0])] = counts.fires.get(str(row[0]), 0) + 1
+        return counts
+
     def known_job(self, job_id: str) -> bool:
         """Whether the ledger has any row or state for ``job_id``."""
         with self.db.read() as conn:
@@ -379,6 +450,7 @@ def _job_state(row: sqlite3.Row) -> JobState:
         watermark=row["watermark"],
         paused=None if paused is None else bool(paused),
         paused_at=row["paused_at"],
+        paused_reason=row["paused_reason"],
     )
 
 
@@ -413,6 +485,10 @@ def insert_sql(names: tuple[str, ...]) -> str:
 # Values go to SQLite as they are: StrEnum members bind as text, bools as integers.
 
 
+RELEASING = (Status.DONE, Status.RETRY)
+"""Statuses a fire's row leaves its worker for: its limits are released as it reaches one."""
+
+
 def _update(
     conn: sqlite3.Connection,
     row_id: int,
@@ -430,10 +506,11 @@ def _update(
         (*values.values(), row_id, *(s.value for s in expect)),
     )
     changed = cursor.rowcount == 1
-    if changed and values.get("status") == Status.DONE:
-        # A settled fire's named limits are free again, in the same transaction.
+    if changed and values.get("status") in RELEASING:
+        # A settled fire's named limits (or a try's, before a retry) are free again, in the
+        # same transaction; the next try takes them anew.
         holds.release(conn, Holder("fire", str(row_id)), values.get("ended_at") or 0.0)
-        if outbox is not None:
-            # The message commits with the outcome or not at all.
-            notices.fires(conn, outbox, [row_id])
+    if changed and values.get("status") == Status.DONE and outbox is not None:
+        # The message commits with the outcome or not at all.
+        notices.fires(conn, outbox, [row_id])
     return changed

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.buckets import Bucket, Window
+from dispatcher.cron import history
 from dispatcher.cron.abc import LedgerStore, LedgerTx, Take
 from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
 from dispatcher.launch.holds import Holder, MemoryHolds, Taking
@@ -75,8 +77,34 @@ class _Book:
         if row is None or row["status"] not in {s.value for s in expect}:
             return False
         row.update(values)
-        if values.get("status") == Status.DONE.value:
+        if values.get("status") in (Status.DONE.value, Status.RETRY.value):
             self.settled.append(row_id)
+        return True
+
+    def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None) -> bool:
+        current = self.jobs.get(job_id) or JobState(
+            job_id=job_id, watermark=None, paused=None, paused_at=None
+        )
+        if current.paused is paused:
+            return False
+        if paused:
+            self.jobs[job_id] = replace(current, paused=True, paused_at=now, paused_reason=reason)
+        else:
+            mark = now if current.watermark is None else max(current.watermark, now)
+            self.jobs[job_id] = replace(
+                current, paused=False, paused_at=None, paused_reason=None, watermark=mark
+            )
+        return True
+
+    def defer(
+        self, fire_key: str, session_id: str | None, until: float, reason: str | None
+    ) -> bool:
+        row = self.rows.get(self.keys.get(fire_key, 0))
+        if row is None or row["status"] not in _WORKING or row["attempts"] is None:
+            return False
+        if row["session_id"] not in (None, session_id):
+            return False
+        row.update(retry_at=until, retry_kind="deferred", retry_reason=reason)
         return True
 
     def later_watermark(self, job_id: str, watermark: float) -> None:
@@ -140,6 +168,9 @@ class MemoryTx(LedgerTx):
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         return self.book.update(row_id, expect, change)
 
+    def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None = None) -> bool:
+        return self.book.set_paused(job_id, paused, now, reason)
+
 
 class MemoryLedger(LedgerStore):
     """The cron ledger in memory, guarded by one lock (see the module docstring)."""
@@ -184,21 +215,15 @@ class MemoryLedger(LedgerStore):
         with self._lock:
             return dict(self._book.jobs)
 
-    def set_paused(self, job_id: str, paused: bool, now: float) -> bool:
+    def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None = None) -> bool:
+        with self.transaction() as tx:
+            return tx.set_paused(job_id, paused, now, reason)
+
+    def defer(
+        self, fire_key: str, *, session_id: str | None, until: float, reason: str | None
+    ) -> bool:
         with self._lock:
-            current = self._book.jobs.get(job_id) or JobState(
-                job_id=job_id, watermark=None, paused=None, paused_at=None
-            )
-            if current.paused is paused:
-                return False
-            if paused:
-                self._book.jobs[job_id] = replace(current, paused=True, paused_at=now)
-            else:
-                mark = now if current.watermark is None else max(current.watermark, now)
-                self._book.jobs[job_id] = replace(
-                    current, paused=False, paused_at=None, watermark=mark
-                )
-            return True
+            return self._book.defer(fire_key, session_id, until, reason)
 
     def get(self, row_id: int) -> FireRecord:
         with self._lock:
@@ -260,3 +285,23 @@ class MemoryLedger(LedgerStore):
         with self._lock:
             book = self._book
             return job_id in book.jobs or any(r["job_id"] == job_id for r in book.rows.values())
+
+    def _records(self) -> list[FireRecord]:
+        with self._lock:
+            return [self._book.record(i) for i in sorted(self._book.rows)]
+
+    def fire_buckets(self, window: Window, *, job_id: str | None = None) -> list[Bucket]:
+        return history.fire_buckets(window, self._records(), job_id)
+
+    def fires_in(
+        self,
+        start: float,
+        end: float,
+        *,
+        job_id: str | None = None,
+        outcome: str | None = None,
+        limit: int = 500,
+    ) -> list[FireRecord]:
+        return history.fires_in(
+            self._records(), start, end, job_id=job_id, outcome=outcome, limit=limit
+        )

@@ -1,7 +1,8 @@
 """Which ledger changes are notifications, written in the change's own transaction.
 
 A fire that settles (``completed``, a failure, ``spawn_refused``) or is recorded ``missed``
-queues its message on the connection that wrote the row, as does ``cron pause``; the ledger
+queues its message on the connection that wrote the row, as does a pause (``cron pause``, or
+``on_exhausted: pause``); the ledger
 (:mod:`dispatcher.cron.ledger`, and the cluster's, which shares its transactions) calls these.
 """
 
@@ -50,7 +51,9 @@ def fires(conn: Any, outbox: Outbox, row_ids: Sequence[int]) -> None:
         outbox.record(conn, event, fields, Subject(job=fire.job_id), at)
 
 
-def paused(conn: Any, outbox: Outbox, job_id: str, now: float) -> None:
-    """Queue ``cron.paused`` for ``job_id`` (``dispatch cron pause``)."""
+def paused(conn: Any, outbox: Outbox, job_id: str, now: float, reason: str | None = None) -> None:
+    """Queue ``cron.paused`` for ``job_id``: by ``dispatch cron pause`` (``by: operator``), or
+    by dispatch itself after a fire failed every attempt (``by: dispatch`` and the reason)."""
     if outbox.wants("cron.paused"):
-        outbox.record(conn, "cron.paused", {"job": job_id}, Subject(job=job_id), now)
+        fields = {"job": job_id, "by": "dispatch" if reason else "operator", "reason": reason}
+        outbox.record(conn, "cron.paused", fields, Subject(job=job_id), now)

@@ -11,9 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.cron.plan import JobPlan, job_active
-from dispatcher.cron.records import FireRecord, JobState
+from dispatcher.cron.records import FireRecord, JobState, RetryKind, Status, Try
 from dispatcher.cron.zones import load_zone
+from dispatcher.launch.outcome import Outcome
 from dispatcher.launch.resources import resources_json
+from dispatcher.timefmt import TimeView, relative
 from registry.abc import Session
 from scope.foundation.schema import format_duration
 
@@ -36,8 +38,9 @@ def schedule_text(plan: JobPlan) -> str:
     return f"{text} offset {format_duration(job.offset)}" if job.offset else text
 
 
-def policies(plan: JobPlan) -> dict[str, Any]:
-    """The job's policies with every default spelled out."""
+def policies(plan: JobPlan, attempts: int | None = None) -> dict[str, Any]:
+    """The job's policies with every default spelled out (``attempts``: tries per fire its
+    retry policy gives, None without one)."""
     job = plan.job
     return {
         "overlap": job.overlap.value,
@@ -46,6 +49,8 @@ def policies(plan: JobPlan) -> dict[str, Any]:
         "catch_up_max": job.catch_up_max,
         "jitter": job.jitter,
         "timeout": job.timeout,
+        "attempts": attempts,
+        "on_exhausted": job.on_exhausted.value,
     }
 
 
@@ -60,6 +65,10 @@ def policy_text(p: dict[str, Any]) -> str:
         text += f" jitter={format_duration(p['jitter'])}"
     if p["timeout"]:
         text += f" timeout={format_duration(p['timeout'])}"
+    if p.get("attempts"):
+        text += f" attempts={p['attempts']}"
+    if p.get("on_exhausted") not in (None, "none"):
+        text += f" on_exhausted={p['on_exhausted']}"
     return text
 
 
@@ -69,6 +78,7 @@ def job_entry(
     next_fire: float | None,
     last: FireRecord | None,
     warnings: list[str],
+    attempts: int | None = None,
 ) -> dict[str, Any]:
     """One element of ``dispatch cron list --json``."""
     job = plan.job
@@ -78,13 +88,14 @@ def job_entry(
         "timezone": plan.zone,
         "enabled": job.enabled,
         "paused": bool(state is not None and state.paused),
+        "paused_reason": state.paused_reason if state is not None else None,
         "active": job_active(job, state),
         "next_fire": iso_in(next_fire, plan.zone),
         "next_fire_at": next_fire,
         "last_outcome": last.shown_outcome if last else None,
         "last_fire": iso_in(last.nominal, last.zone) if last else None,
         "last_fire_at": last.nominal if last else None,
-        **policies(plan),
+        **policies(plan, attempts),
         "command": job.command if isinstance(job.command, str) else list(job.command),
         "warnings": warnings,
     }
@@ -112,10 +123,91 @@ def row_entry(row: FireRecord, sessions: Mapping[str, Session] | None = None) ->
         "catch_up": row.catch_up,
         "jitter": row.jitter,
         "on_failure_session": row.on_failure_session,
+        "attempt": row.attempt,
+        "attempts": row.attempts,
+        "tries": [try_entry(t, zone) for t in row.tries],
+        "retry": retry_entry(row),
     }
     if sessions is not None:
         entry.update(resources_json(sessions.get(row.session_id or "")))
     return entry
+
+
+def try_entry(tried: Try, zone: str) -> dict[str, Any]:
+    """One ended try of a fire, as ``cron history --json`` shows it."""
+    return {
+        "attempt": tried.attempt,
+        "outcome": tried.outcome.value,
+        "counted": tried.counted,
+        "exit_code": tried.exit_code,
+        "signal": tried.signal,
+        "session_id": tried.session_id,
+        "started_at": iso_in(tried.started_at, zone),
+        "ended_at": iso_in(tried.ended_at, zone),
+        "error": tried.error,
+    }
+
+
+def retry_entry(row: FireRecord) -> dict[str, Any] | None:
+    """The fire's pending next try (``attempt`` it will be, of ``attempts``; ``next_try_at``;
+    ``kind`` backoff or deferred; ``reason``), or None when none is pending."""
+    if row.status is not Status.RETRY or row.retry_at is None:
+        return None
+    kind = row.retry_kind or RetryKind.BACKOFF
+    return {
+        "attempt": row.attempt,
+        "attempts": row.attempts,
+        "next_try_at": iso_in(row.retry_at, row.zone),
+        "kind": kind.value,
+        "reason": row.retry_reason,
+    }
+
+
+def attempt_text(row: FireRecord) -> str:
+    """``2 of 4`` (``1`` for a fire without a retry policy)."""
+    return f"{row.attempt} of {row.attempts}" if row.attempts else str(row.attempt)
+
+
+def next_try_text(row: FireRecord, view: TimeView) -> str | None:
+    """``next try in 40s (backoff, attempt 3 of 4)`` or ``deferred until 14:05:00 CET by the
+    worker: <reason>`` for a fire waiting for its next try; None otherwise."""
+    if row.status is not Status.RETRY or row.retry_at is None:
+        return None
+    if row.retry_kind is RetryKind.DEFERRED:
+        why = f": {row.retry_reason}" if row.retry_reason else ""
+        return f"deferred until {view.at(row.retry_at, row.zone)} by the worker{why}"
+    when = view.at(row.retry_at, row.zone) if view.stable else relative(row.retry_at, view.now)
+    why = f" ({row.retry_reason})" if row.retry_reason else ""
+    return f"next try {when}{why}"
+
+
+def try_text(tried: Try, attempts: int | None) -> str:
+    """One ended try on a line: ``attempt 2 of 4: failed (exit 3)``."""
+    of = f" of {attempts}" if attempts else ""
+    what = tried.outcome.value
+    if tried.signal:
+        what += f" ({tried.signal})"
+    elif tried.exit_code is not None and tried.outcome is not Outcome.COMPLETED:
+        what += f" (exit {tried.exit_code})"
+    if not tried.counted:
+        what += ", not counted"
+    session = f", session {tried.session_id}" if tried.session_id else ""
+    return f"attempt {tried.attempt}{of}: {what}{session}"
+
+
+def history_lines(row: FireRecord, view: TimeView) -> list[str]:
+    """The lines ``cron history`` prints under a fire that has retries: each ended try, then
+    the pending next try (nothing for a fire of one try without a retry policy)."""
+    failed_after_retries = row.attempts is not None and row.retry_reason is not None
+    if len(row.tries) <= 1 and row.status is not Status.RETRY and not failed_after_retries:
+        return []
+    lines = [try_text(t, row.attempts) for t in row.tries]
+    pending = next_try_text(row, view)
+    if pending is not None:
+        lines.append(pending)
+    elif row.status is Status.DONE and row.retry_reason:
+        lines.append(f"no further try: {row.retry_reason}")
+    return lines
 
 
 def known_job_entry(job_id: str, state: JobState | None, last: FireRecord | None) -> dict[str, Any]:

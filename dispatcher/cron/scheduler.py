@@ -1,11 +1,14 @@
 """The cron scheduler: every decision in :meth:`CronScheduler.tick`; something else wakes it.
 
-``tick(now)`` is one deterministic step with an injected clock: settle finished fires, promote a
-queued fire whose job went idle, decide every occurrence due since the job's watermark (catch-up
-and overlap policies, one write transaction, rows claimed *before* anything is spawned), stop
-replaced workers, then start claimed fires whose jitter delay has passed, within
+``tick(now)`` is one deterministic step with an injected clock: settle finished tries (a failed
+one may give its fire another try: the row waits as ``retry``), promote a queued fire whose job
+went idle and a retry whose time has come, decide every occurrence due since the job's
+watermark (catch-up and overlap policies, one write transaction, rows claimed *before* anything
+is spawned; a fire waiting for its next try meets the overlap policy as a running one would),
+stop replaced workers, then start claimed fires whose jitter delay has passed, within
 ``cron.max_concurrent``. ``step(now)`` is the same pass answering only when it next needs to run
-(a fire, a jitter delay ending, or at most ``wake_interval`` away). Tests drive both directly.
+(a fire, a jitter delay ending, a retry due, or at most ``wake_interval`` away). Tests drive
+both directly.
 
 This module never sleeps and never starts a thread. :mod:`dispatcher.cron.waker` arms
 APScheduler to call :meth:`CronScheduler.step` at that instant, hands the scheduler a spawn pool
@@ -35,16 +38,16 @@ from dispatcher.cron.abc import LedgerStore
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.decisions import Decider
 from dispatcher.cron.errors import CronError
-from dispatcher.cron.firing import FireRunner
+from dispatcher.cron.firing import FireRunner, Settled
 from dispatcher.cron.hold import HeldFires, Hold, Waiting, split_held, start_deadline
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
-from dispatcher.cron.records import ACTIVE, FireRecord, Kind, Status
+from dispatcher.cron.records import BUSY, FireRecord, Kind, Status
 from dispatcher.cron.settings import CronJob, CronSettings
 from dispatcher.cron.timeline import fire_key, format_wall, local_wall
 from dispatcher.cron.zones import ZoneResolver, resolver_for
 from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.limits import LimitSpec, Wants, refusal, wants_of
+from dispatcher.launch.limits import LimitSpec, Wants, wants_of
 from dispatcher.launch.outcome import Outcome, Result
 from registry.abc import OwnerKind, Registry, Session
 from registry.store.database import StateDB
@@ -84,6 +87,8 @@ class TickReport:
     """Rows whose worker this tick started (or, under a waker's spawn pool, handed to it)."""
     settled: tuple[FireRecord, ...] = ()
     """Rows this tick moved to a final outcome from a finished session or a recovery."""
+    retrying: tuple[FireRecord, ...] = ()
+    """Rows whose try ended this tick and that wait for their next try (status ``retry``)."""
     replaced: tuple[str, ...] = ()
     """Session ids this tick stopped because a newer fire replaced them."""
     committed: float | None = None
@@ -130,7 +135,10 @@ class CronScheduler:
             claimant=self.claimant,
             clock=self.clock,
             config_path=config_path,
+            settings=settings,
+            rng=self.rng.random,
         )
+        self.runner.on_retry = self._want_wake
         self._lock = threading.RLock()
         self._finished: queue.SimpleQueue[Session] = queue.SimpleQueue()
         self._next_at: dict[str, float] = {}
@@ -154,6 +162,7 @@ class CronScheduler:
 
     def _apply_settings(self, settings: CronSettings) -> None:
         self.settings = settings
+        self.runner.settings = settings
         self._host_zone = self.zone_resolver()
         old = self._plans
         self._plans = {job.id: plan_job(job, self._host_zone) for job in settings.jobs}
@@ -222,9 +231,10 @@ class CronScheduler:
             now = self.clock.time() if now is None else now
             self._follow_host_zone()
             self._last_now = now
-            settled = self._drain_finished()
-            settled.extend(self._reconcile(now))
+            ended = self._drain_finished()
+            ended.extend(self._reconcile(now))
             self._promote_queued(now)
+            retries = self._promote_retries(now)
             held = self._hold(now) if self._hold is not None else None
             due = [
                 plan
@@ -239,16 +249,18 @@ class CronScheduler:
                 after = max(now, batch.watermarks.get(plan.job.id, now))
                 self._next_at[plan.job.id] = next(iter(plan.schedule.occurrences(after))).at
             replaced = self._stop_replaced(batch.kill)
-            settled.extend(self._drain_finished())
+            ended.extend(self._drain_finished())
             started, pending = self._start_due(now, held)
+            waits = [now + self.wake_interval, *pending, *retries, *self._next_at.values()]
             return TickReport(
                 now=now,
                 decided=tuple(self.ledger.get_many(batch.inserted)),
                 started=tuple(started),
-                settled=tuple(settled),
+                settled=tuple(e.record for e in ended if not e.retrying),
+                retrying=tuple(e.record for e in ended if e.retrying),
                 replaced=tuple(replaced),
                 committed=committed,
-                next_wake=min([now + self.wake_interval, *pending, *self._next_at.values()]),
+                next_wake=min(waits),
             )
 
     def step(self, now: float) -> float:
@@ -268,7 +280,7 @@ class CronScheduler:
     def _jobs(self) -> dict[str, CronJob]:
         return {job_id: plan.job for job_id, plan in self._plans.items()}
 
-    def _reconcile(self, now: float) -> list[FireRecord]:
+    def _reconcile(self, now: float) -> list[Settled]:
         if self._last_reconcile is not None and now - self._last_reconcile < self.wake_interval:
             return []
         self._last_reconcile = now
@@ -280,7 +292,7 @@ class CronScheduler:
             removed = self.ledger.prune(now - self.settings.history_ttl)
             if removed:
                 log.info("cron: pruned %d ledger rows older than cron.history_ttl", removed)
-        return [s.record for s in settled]
+        return settled
 
     def _follow_host_zone(self) -> None:
         current = self.zone_resolver()
@@ -288,8 +300,8 @@ class CronScheduler:
             log.info("cron: host time zone changed from %s to %s", self._host_zone, current)
             self._apply_settings(self.settings)
 
-    def _drain_finished(self) -> list[FireRecord]:
-        settled: list[FireRecord] = []
+    def _drain_finished(self) -> list[Settled]:
+        settled: list[Settled] = []
         while True:
             try:
                 session = self._finished.get_nowait()
@@ -298,7 +310,7 @@ class CronScheduler:
             plan = self._plans.get(session.labels.get("cron_job", ""))
             result = self.runner.settle(session, job=plan.job if plan else None)
             if result is not None:
-                settled.append(result.record)
+                settled.append(result)
 
     def _promote_queued(self, now: float) -> None:
         queued = self.ledger.open_rows((Status.QUEUED,))
@@ -306,7 +318,7 @@ class CronScheduler:
             return
         with self.ledger.transaction() as tx:
             for row in queued:
-                if any(r.status in ACTIVE for r in tx.open_rows(row.job_id)):
+                if any(r.status in BUSY for r in tx.open_rows(row.job_id)):
                     continue
                 tx.update(
                     row.id,
@@ -315,6 +327,30 @@ class CronScheduler:
                         status=Status.CLAIMED, claimant=self.claimant, due_at=now + row.jitter
                     ),
                 )
+
+    def _promote_retries(self, now: float) -> list[float]:
+        """Claim every fire whose next try is due (compare-and-set: one scheduler takes it; a
+        paused job's retry waits for its resume); the times of the retries still ahead."""
+        waiting = self.ledger.open_rows((Status.RETRY,))
+        if not waiting:
+            return []
+        states = self.ledger.job_states()
+        ahead: list[float] = []
+        due: list[FireRecord] = []
+        for row in waiting:
+            plan = self._plans.get(row.job_id)
+            if plan is not None and not job_active(plan.job, states.get(row.job_id)):
+                continue
+            at = row.retry_at if row.retry_at is not None else now
+            if at <= now:
+                due.append(row)
+            else:
+                ahead.append(at)
+        if due:
+            with self.ledger.transaction() as tx:
+                for row in due:
+                    tx.update(row.id, (Status.RETRY,), _take_retry(row, self.claimant, now))
+        return ahead
 
     def _stop_replaced(self, kills: list[tuple[str, str]]) -> list[str]:
         for session_id, reason in kills:
@@ -456,22 +492,9 @@ class CronScheduler:
 
     def _refuse_full_limit(self, job: CronJob, job_id: str) -> None:
         """CronError naming the first full limit ``job`` uses (a manual run is not queued)."""
-        wants = self._wants(job)
-        if not wants:
-            return
-        clock, tallies = self.ledger.limit_tallies(wants, now=self.clock.time(), host=self._host())
-        wait = refusal(wants, tallies, group=None)
+        wait = self.held.full_limit(self._wants(job), now=self.clock.time())
         if wait is not None:
-            raise CronError(
-                f"{wait.describe(clock)}: the job waits for it",
-                job_id=job_id,
-                remedy="try again when a run holding it ends",
-            )
-
-    def _host(self) -> str | None:
-        """The host this scheduler's fires are stamped with (None: a single host)."""
-        stamp = getattr(self.ledger, "stamp", None)
-        return getattr(stamp, "host_id", None)
+            raise CronError(wait, job_id=job_id, remedy="try again when a run holding it ends")
 
     def settle(self, session: Session) -> FireRecord | None:
         """Record the outcome of a finished fire's session now (e.g. after waiting for it)."""
@@ -519,11 +542,12 @@ class CronScheduler:
 
     def stop(self) -> None:
         """Stop deciding. Fires this instance claimed but had not started yet are settled
-        ``failed_start`` (they are never run twice); running workers keep running. Stop the
-        waker first (:meth:`dispatcher.cron.waker.CronWaker.stop` does both)."""
+        ``failed_start`` (they are never run twice), retries among them wait for their try
+        again; running workers keep running. Stop the waker first
+        (:meth:`dispatcher.cron.waker.CronWaker.stop` does both)."""
         with self._lock:
             for row in self.ledger.open_rows((Status.CLAIMED,)):
-                if row.claimant != self.claimant:
+                if row.claimant != self.claimant or self.runner.requeue(row):
                     continue
                 plan = self._plans.get(row.job_id)
                 stopped = Result(
@@ -531,7 +555,11 @@ class CronScheduler:
                     error="the scheduler stopped before starting this fire; not re-run",
                 )
                 self.runner.finalize(
-                    row.id, stopped, expect=(Status.CLAIMED,), job=plan.job if plan else None
+                    row.id,
+                    stopped,
+                    expect=(Status.CLAIMED,),
+                    job=plan.job if plan else None,
+                    retry=False,
                 )
 
     close = stop
@@ -543,3 +571,25 @@ class CronScheduler:
             return
         self._finished.put(session)
         self._want_wake(self.clock.time())
+
+
+def _take_retry(row: FireRecord, claimant: str, now: float) -> FireChange:
+    """A fire's next try claimed for starting; the last try's worker columns are cleared (it
+    is kept in ``tries``)."""
+    return FireChange(
+        status=Status.CLAIMED,
+        claimant=claimant,
+        due_at=row.retry_at if row.retry_at is not None else now,
+        retry_at=None,
+        retry_kind=None,
+        retry_reason=None,
+        session_id=None,
+        placement=None,
+        exit_code=None,
+        signal=None,
+        started_at=None,
+        ended_at=None,
+        log_path=None,
+        error=None,
+        infrastructure=False,
+    )

@@ -19,6 +19,7 @@ from dispatcher.commonsettings import (
 )
 from dispatcher.cron.crontab import parse as parse_crontab
 from dispatcher.cron.errors import CronExpressionError
+from dispatcher.launch.retry import RetryPolicy
 from scope.foundation.schema import (
     Argv,
     Bool,
@@ -43,6 +44,15 @@ class OverlapPolicy(enum.StrEnum):
     QUEUE_ONE = "queue_one"
     REPLACE = "replace"
     ALLOW = "allow"
+
+
+class OnExhausted(enum.StrEnum):
+    """What a job does after one of its fires failed every attempt."""
+
+    NONE = "none"
+    """Nothing more: the fire is recorded failed and the next fire runs as scheduled."""
+    PAUSE = "pause"
+    """Pause the job (as ``dispatch cron pause`` would) until ``dispatch cron resume``."""
 
 
 class CatchUpPolicy(enum.StrEnum):
@@ -120,8 +130,20 @@ class CronJob:
     on_failure: tuple[str, ...] | None = setting(
         None,
         kind=Optional(Argv()),
-        doc="argv run after a failed, timed-out or refused fire, with the fire's details in "
-        "DISPATCH_* environment variables.",
+        doc="argv run after a failed, timed-out or refused fire (after its last try), with the "
+        "fire's details in DISPATCH_* environment variables.",
+    )
+    retry: RetryPolicy | None = setting(
+        None,
+        kind=Optional(Record(RetryPolicy)),
+        doc="This job's retry policy: a failed try is retried within its fire, under the same "
+        "fire key (default: cron.retry).",
+    )
+    on_exhausted: OnExhausted = setting(
+        OnExhausted.NONE,
+        kind=Choice(OnExhausted),
+        doc="After a fire failed every attempt: none, or pause (the job fires again after "
+        "dispatch cron resume).",
     )
     uses: tuple[str, ...] = uses_setting()
 
@@ -142,6 +164,26 @@ class CronJob:
         check_command(self.command, self.shell)
         if isinstance(self.on_failure, str):
             raise Invalid("on_failure must be an argv list", ("on_failure",))
+
+
+_NEEDS_ATTEMPTS = (
+    "a cron retry policy needs attempts (tries per fire, the first included); add attempts: N"
+)
+
+
+def _check_policy(policy: RetryPolicy | None, path: tuple[str | int, ...]) -> None:
+    """What a cron retry policy must say, and what it cannot do yet."""
+    if policy is None:
+        return
+    if policy.attempts is None:
+        raise Invalid(_NEEDS_ATTEMPTS, (*path, "attempts"))
+    for index, rule in enumerate(policy.rules):
+        if rule.resources is not None:
+            raise Invalid(
+                "a retry rule's resources apply to kanban workers only for now; set the "
+                "job's resources instead",
+                (*path, "rules", index, "resources"),
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,14 +213,32 @@ class CronSettings:
         doc="A fire at most this late still runs as a normal fire; later ones were missed "
         "during downtime and follow the job's catch_up policy.",
     )
+    retry: RetryPolicy | None = setting(
+        None,
+        kind=Optional(Record(RetryPolicy)),
+        doc="Retry policy of every job without its own (default: none, a failed fire waits for "
+        "the next one); retry.attempts is required.",
+    )
+    tempfail_limit: int = setting(
+        10,
+        kind=Int(min=1),
+        doc="Uncounted retries in a row of one fire (exit 75, rules with counted: false, a "
+        "worker's defer, infrastructure refusals) before it ends with its last outcome.",
+    )
     jobs: tuple[CronJob, ...] = setting(
         default_factory=tuple, kind=ListOf(Record(CronJob)), doc="The cron jobs."
     )
 
+    def policy(self, job: CronJob) -> RetryPolicy | None:
+        """The retry policy a job's fires follow: its own, else ``cron.retry``, else none."""
+        return job.retry if job.retry is not None else self.retry
+
     def check(self) -> None:
-        """Job ids are unique."""
+        """Job ids are unique; a cron retry policy says how many tries a fire gets."""
+        _check_policy(self.retry, ("retry",))
         seen: dict[str, int] = {}
         for index, job in enumerate(self.jobs):
+            _check_policy(job.retry, ("jobs", index, "retry"))
             if job.id in seen:
                 raise Invalid(
                     f"duplicate job id {job.id!r} (also jobs[{seen[job.id]}])",

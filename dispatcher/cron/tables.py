@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from registry.store.database import Component, Migration
 
-__all__ = ["COMPONENT", "SCHEMA_V1"]
+__all__ = ["COMPONENT", "DECIDED_INDEX", "RETRIES_V3", "SCHEMA_V1"]
 
 SCHEMA_V1 = """
 CREATE TABLE cron_fires (
@@ -53,6 +53,23 @@ CREATE TABLE cron_jobs (
 );
 """
 
+RETRIES_V3 = """
+ALTER TABLE cron_fires ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE cron_fires ADD COLUMN attempts INTEGER;
+ALTER TABLE cron_fires ADD COLUMN retry_at REAL;
+ALTER TABLE cron_fires ADD COLUMN retry_kind TEXT;
+ALTER TABLE cron_fires ADD COLUMN retry_reason TEXT;
+ALTER TABLE cron_fires ADD COLUMN tries TEXT NOT NULL DEFAULT '[]';
+CREATE INDEX cron_fires_retry ON cron_fires (retry_at) WHERE status = 'retry';
+ALTER TABLE cron_jobs ADD COLUMN paused_reason TEXT;
+"""
+"""A fire's tries (issue 21): the attempt, the policy's attempts, the pending retry and the
+tries that ended; why dispatch paused a job itself."""
+
+DECIDED_INDEX = "CREATE INDEX cron_fires_decided ON cron_fires (decided_at) WHERE ended_at IS NULL;"
+"""Decisions that never became a worker (skipped, missed, coalesced) have no end time; the
+charts count them when they were decided."""
+
 COMPONENT = Component(
     name="cron",
     migrations=[
@@ -61,6 +78,12 @@ COMPONENT = Component(
             version=2,
             apply="CREATE INDEX cron_fires_ended ON cron_fires (ended_at);",
             note="fires by end time (the web's charts read a time range)",
+        ),
+        Migration(version=3, apply=RETRIES_V3, note="a fire's tries and retries; pause reason"),
+        Migration(
+            version=4,
+            apply=DECIDED_INDEX,
+            note="settled fires that never ran, by decision time (the web's charts)",
         ),
     ],
 )

@@ -84,6 +84,7 @@ def status_document(
             if config_loaded
             else None,
             "cron_jobs_known": None if config_loaded else _known_jobs(state.ledger),
+            "cron_paused": _paused_jobs(state.ledger),
             "recent_errors": (_unconfigured(store, runtime) if config_loaded else [])
             + _recent_errors(store.db, served.recent_errors if served else []),
             "admission": admission_status(state_dir, environ, runtime.settings.admission),
@@ -142,6 +143,21 @@ def _unconfigured(store: BoardStore, runtime: Runtime) -> list[dict[str, Any]]:
         }
         for card in store.list_cards()
         if unconfigured(card, assignees)
+    ]
+
+
+def _paused_jobs(ledger: Ledger) -> list[dict[str, Any]]:
+    """Every paused cron job: by whom (``operator``: ``cron pause``; ``dispatch``: a fire
+    failed every attempt under ``on_exhausted: pause``), since when and why."""
+    return [
+        {
+            "job_id": state.job_id,
+            "by": "dispatch" if state.paused_reason else "operator",
+            "paused_at": state.paused_at,
+            "reason": state.paused_reason,
+        }
+        for state in sorted(ledger.job_states().values(), key=lambda s: s.job_id)
+        if state.paused
     ]
 
 
@@ -229,6 +245,7 @@ def status_json(doc: dict[str, Any]) -> dict[str, Any]:
             {"job_id": f["job_id"], "at": iso(f["at"], f["zone"])} for f in doc["next_cron_fires"]
         ],
         "recent_errors": [{**e, "at": iso(e.get("at"))} for e in doc["recent_errors"]],
+        "cron_paused": [{**p, "paused_at": iso(p["paused_at"])} for p in doc["cron_paused"]],
         "admission": {
             **doc["admission"],
             "since": iso(doc["admission"]["since"]),

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatcher.app.clusterstate import ClusterState
+from dispatcher.app.reports import spawn_environ
 from dispatcher.app.runtime import Runtime, open_runtime
 from dispatcher.app.wake import WakeSocket
 from dispatcher.config import load_config
@@ -256,7 +257,7 @@ class Gateway:
             runtime.registry,
             runtime.db,
             clock=self._member.db_clock,
-            environ=self.environ,
+            environ=spawn_environ(self.settings, self.environ),
             state_dir=self.state_dir,
             config_path=self.config_path,
             ledger=self._cluster.ledger,
@@ -391,7 +392,7 @@ class Gateway:
                 return count
             count += 1
             try:
-                self._kanban.session_finished(session, self.clock.time())
+                self._kanban.session_finished(session, self._member.db_clock.time())
             except DispatchError as err:
                 log.error("kanban: closing the run of %s failed: %s", session.id, err)
 
@@ -421,7 +422,7 @@ class Gateway:
             return
         try:
             room = self._member.claim_room(self.settings.kanban, self.clock.monotonic())
-            report = self._kanban.tick(self.clock.time(), max_claims=room)
+            report = self._kanban.tick(self._member.db_clock.time(), max_claims=room)
         except StateError as err:
             self._state_trouble(err)
             return

@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dispatcher.buckets import Bucket, Flows, Window
+from dispatcher.kanban.history import RunLine
 from dispatcher.kanban.model import (
     BlockKind,
     Card,
@@ -36,6 +38,7 @@ from dispatcher.kanban.model import (
     NewCard,
     Run,
 )
+from dispatcher.kanban.search import CardPage, CardQuery
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.limits import LimitWait, Tally, Wants
 from dispatcher.launch.outcome import Outcome, Result
@@ -171,10 +174,19 @@ class BoardStore(abc.ABC):
         blocks whose time is up → ``ready`` (``unblocked``). Returns (card id, event kind)."""
 
     @abc.abstractmethod
-    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
-        """``ready`` cards without an open run, by priority then age then id (back-off and
-        cooldown are not filtered here; the dispatcher reports them): at most ``limit``, the
-        ones after ``after`` in that order (a page; the walk of a big board reads pages)."""
+    def ready_cards(
+        self, *, after: Card | None = None, limit: int | None = None, now: float | None = None
+    ) -> list[Card]:
+        """``ready`` cards without an open run, by priority then age then id: at most
+        ``limit``, the ones after ``after`` in that order (a page; the walk of a big board
+        reads pages). With ``now``, cards backing off (``retry_at`` after ``now``) are left
+        out, through an index: a page costs the same however many cards back off. Cooldown is
+        never filtered here (the dispatcher decides it)."""
+
+    @abc.abstractmethod
+    def backing_off(self, *, now: float, limit: int) -> list[str]:
+        """Ids of ``ready`` cards without an open run whose ``retry_at`` is after ``now``,
+        next try first, at most ``limit`` (what a tick reports; through an index)."""
 
     @abc.abstractmethod
     def claim(
@@ -282,3 +294,39 @@ class BoardStore(abc.ABC):
     @abc.abstractmethod
     def outcome_counts(self) -> dict[tuple[Outcome, bool], int]:
         """How many closed runs ended with each (outcome, infrastructure flag)."""
+
+    # -- history and search (the web's charts, timeline and search pages) ------------------
+
+    @abc.abstractmethod
+    def run_buckets(self, window: Window, *, assignee: str | None = None) -> list[Bucket]:
+        """Per bucket of ``window``, the closed runs that ended in it (of ``assignee``'s
+        cards): counts by outcome, and the spreads ``wait`` (from the card last becoming ready
+        to the worker starting) and ``run`` (worker start to end) of those that started
+        (:mod:`dispatcher.kanban.history`). A range read on the runs' end time."""
+
+    @abc.abstractmethod
+    def status_flows(self, window: Window) -> tuple[dict[str, int], list[Flows]]:
+        """The cards per status now, and per bucket of ``window`` the status changes whose
+        events fall in it, by (from, to) (:func:`dispatcher.kanban.history.transition`), read
+        in one snapshot: :func:`dispatcher.buckets.depth` turns them into the counts at each
+        bucket's end. A range read of the events in the window, not of the whole log."""
+
+    @abc.abstractmethod
+    def runs_in(
+        self,
+        start: float,
+        end: float,
+        *,
+        ended: bool = False,
+        outcome: str | None = None,
+        assignee: str | None = None,
+        limit: int = 500,
+    ) -> list[RunLine]:
+        """At most ``limit`` runs with their card's assignee and title: with ``ended``, those
+        that ended in ``[start, end)`` (by end time); else those open at some time in it
+        (claimed before ``end``, ended at or after ``start`` or still open; by claim time)."""
+
+    @abc.abstractmethod
+    def search_cards(self, query: CardQuery) -> CardPage:
+        """One page of the cards ``query`` finds, in its order, and how many it finds in all
+        (:mod:`dispatcher.kanban.search`; archived cards only when a status term asks)."""

@@ -7,7 +7,8 @@
         ├── StaleRun                a worker command names a run that is not the card's open
         │                           run (exit 2, nothing changed)
         ├── WrongStatus             the card's status does not allow the action (exit 2)
-        └── BadCard                 an invalid card field or id (exit 2)
+        ├── BadCard                 an invalid card field or id (exit 2)
+        └── BadQuery                a search term the board cannot read (exit 2)
 
 Ids are looked up by the one id rule (:func:`scope.foundation.ids.lookup`): unknown or
 malformed ids raise :class:`scope.foundation.errors.NotFoundError`, too short prefixes
@@ -75,3 +76,16 @@ class BadCard(KanbanError):
     def describe(self) -> str:
         value = quote(self.fields["value"])
         return f"invalid {self.fields['field']} {value}: {self.fields['problem']}"
+
+
+class BadQuery(KanbanError):
+    """A card search names something the board cannot search by (see
+    :mod:`dispatcher.kanban.search`)."""
+
+    exit_code = 2
+
+    def __init__(self, term: str, problem: str, *, remedy: str | None = None):
+        super().__init__(remedy=remedy, term=term, problem=problem)
+
+    def describe(self) -> str:
+        return f"search term {quote(self.fields['term'])}: {self.fields['problem']}"

@@ -14,8 +14,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dispatcher.kanban import rules
+from dispatcher.buckets import Bucket, Flows, Window
+from dispatcher.kanban import history, rules, search
 from dispatcher.kanban.abc import BoardStore, Claim, ClaimVerdict, Decide
+from dispatcher.kanban.history import RunLine
 from dispatcher.kanban.model import (
     BlockKind,
     Card,
@@ -29,6 +31,7 @@ from dispatcher.kanban.model import (
     move_fields,
 )
 from dispatcher.kanban.rows import CARD_FIELDS, CARD_IDS, RUN_IDS
+from dispatcher.kanban.search import CardPage, CardQuery
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.holds import Holder, MemoryHolds, Taking
 from dispatcher.launch.limits import Tally, Wants
@@ -277,17 +280,34 @@ class MemoryBoardStore(BoardStore):
                 self._version += 1
         return done
 
-    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
+    def ready_cards(
+        self, *, after: Card | None = None, limit: int | None = None, now: float | None = None
+    ) -> list[Card]:
         with self._lock:
             cards = [
                 dataclasses.replace(c, parents=())
                 for c in self._cards.values()
-                if c.status is CardStatus.READY and c.current_run_id is None
+                if c.status is CardStatus.READY
+                and c.current_run_id is None
+                and (now is None or c.retry_at is None or c.retry_at <= now)
             ]
         ordered = sorted(cards, key=rules.claim_order)
         if after is not None:
             ordered = [c for c in ordered if rules.claim_order(c) > rules.claim_order(after)]
         return ordered if limit is None else ordered[: max(0, limit)]
+
+    def backing_off(self, *, now: float, limit: int) -> list[str]:
+        with self._lock:
+            waiting = [
+                c
+                for c in self._cards.values()
+                if c.status is CardStatus.READY
+                and c.current_run_id is None
+                and c.retry_at is not None
+                and c.retry_at > now
+            ]
+        waiting.sort(key=lambda c: (c.retry_at, c.id))
+        return [c.id for c in waiting[: max(0, limit)]]
 
     def claim(
         self,
@@ -320,6 +340,14 @@ class MemoryBoardStore(BoardStore):
                 attempt=attempt,
                 claimed_at=now,
                 claimant=claimer,
+                ready_at=max(
+                    (
+                        e.at
+                        for e in self._events
+                        if e.card_id == card_id and e.kind in history.READY_KINDS
+                    ),
+                    default=None,
+                ),
             )
             self._runs[run.run_id] = run
             self._round = rules.round_after(self._round, card)
@@ -488,6 +516,48 @@ class MemoryBoardStore(BoardStore):
                     key = (run.outcome, run.infrastructure)
                     counts[key] = counts.get(key, 0) + 1
         return counts
+
+    # -- history and search ------------------------------------------------------------------
+
+    def run_buckets(self, window: Window, *, assignee: str | None = None) -> list[Bucket]:
+        with self._lock:
+            return history.run_buckets(window, list(self._runs.values()), self._cards, assignee)
+
+    def status_flows(self, window: Window) -> tuple[dict[str, int], list[Flows]]:
+        with self._lock:
+            counts = {s.value: n for s, n in self.status_counts().items()}
+            inside = [e for e in self._events if window.start <= e.at < window.end]
+            return counts, history.status_flows(window, inside, self._runs.values())
+
+    def runs_in(
+        self,
+        start: float,
+        end: float,
+        *,
+        ended: bool = False,
+        outcome: str | None = None,
+        assignee: str | None = None,
+        limit: int = 500,
+    ) -> list[RunLine]:
+        with self._lock:
+            return history.lines_in(
+                self._runs.values(),
+                self._cards,
+                start,
+                end,
+                ended=ended,
+                outcome=outcome,
+                assignee=assignee,
+                limit=limit,
+            )
+
+    def search_cards(self, query: CardQuery) -> CardPage:
+        search.no_groups(query)
+        with self._lock:
+            found = search.order(
+                [c for c in self._cards.values() if search.matches(c, query)], query
+            )
+        return CardPage(found[query.offset : query.offset + query.limit], len(found))
 
 
 def _board_order(card: Card) -> tuple[int, float, str]:

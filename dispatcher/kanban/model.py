@@ -149,6 +149,9 @@ class Run:
     infrastructure: bool = False
     claimant: Claimant | None = None
     """The claiming process (pid + start time + boot id); None on rows that lack it."""
+    ready_at: float | None = None
+    """When the card last became ready before this claim (its latest status change, or its
+    worker's ``defer``): the start of the run's wait. None on rows older than the column."""
 
     @property
     def open(self) -> bool:

@@ -86,6 +86,7 @@ def run_of(row: sqlite3.Row) -> Run:
         error=row["error"],
         infrastructure=bool(row["infrastructure"]),
         claimant=claimant_of(row),
+        ready_at=row["ready_at"],
     )
 
 

@@ -72,10 +72,11 @@ class KanbanSettings:
         kind=Optional(Int(min=1)),
         doc="Cluster mode: cap on running cards on this host (default: max_in_progress).",
     )
-    failure_limit: int = setting(
-        FAILURE_LIMIT_DEFAULT,
-        kind=Int(min=1),
-        doc="Consecutive counted failures that block a card (breaker); per-card override.",
+    failure_limit: int | None = setting(
+        None,
+        kind=Optional(Int(min=1)),
+        doc="Consecutive counted failures that block a card (breaker): the kanban name of "
+        "retry.attempts, so set one of the two (default 2); per-card override.",
     )
     tempfail_limit: int = setting(
         10, kind=Int(min=1), doc="Exit-75 retries in a row before the card is blocked (transient)."
@@ -108,10 +109,19 @@ class KanbanSettings:
     def check(self) -> None:
         """``failure_limit`` and ``retry.attempts`` say the same thing: refuse two answers."""
         attempts = self.retry.attempts if self.retry else None
-        default = FAILURE_LIMIT_DEFAULT
-        if attempts is not None and self.failure_limit not in (default, attempts):
+        if None not in (attempts, self.failure_limit) and attempts != self.failure_limit:
             raise Invalid(
                 f"conflicts with kanban.failure_limit ({self.failure_limit}): both set the "
                 "tries a card gets; keep one",
                 ("retry", "attempts"),
             )
+
+    def limit_for(self, assignee: str | None = None) -> int:
+        """Tries a card of ``assignee`` gets (its card's ``--failure-limit`` aside): the
+        assignee's ``retry.attempts``, else ``kanban.failure_limit`` or ``kanban.retry.attempts``
+        (the same setting), else 2."""
+        own = self.assignees.get(assignee) if assignee is not None else None
+        if own is not None and own.retry is not None and own.retry.attempts is not None:
+            return own.retry.attempts
+        attempts = self.retry.attempts if self.retry else None
+        return self.failure_limit or attempts or FAILURE_LIMIT_DEFAULT

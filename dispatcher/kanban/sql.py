@@ -16,13 +16,23 @@ from typing import Any, Protocol
 
 from dispatcher.kanban import notices, rules
 from dispatcher.kanban.abc import BoardStore
+from dispatcher.kanban.history import READY_KINDS
 from dispatcher.kanban.model import Card, EventKind, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, COLUMN_OF, card_of, db_value, run_of
 from dispatcher.launch.outbox import Outbox
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
-__all__ = ["UNDONE_PARENTS_SQL", "WAITING_SQL", "SqlBoard", "SqlConnection", "SqlDatabase"]
+__all__ = [
+    "READY",
+    "READY_SINCE_SQL",
+    "UNDONE_PARENTS_SQL",
+    "WAITING_SQL",
+    "SqlBoard",
+    "SqlConnection",
+    "SqlDatabase",
+    "ready_query",
+]
 
 # A parent counts as done when it is done, or was done before it was archived.
 UNDONE_PARENTS_SQL = (
@@ -30,6 +40,13 @@ UNDONE_PARENTS_SQL = (
     " WHERE p.card_id = ? AND NOT (pc.status = 'done'"
     " OR (pc.status = 'archived' AND pc.completed_at IS NOT NULL))"
 )
+READY_SINCE_SQL = (
+    "(SELECT max(at) FROM kanban_events WHERE card_id = ? AND kind IN ("  # noqa: S608
+    + ", ".join(f"'{kind}'" for kind in sorted(READY_KINDS))
+    + "))"
+)
+"""A claim's ``ready_at``: the card's latest event of :data:`~dispatcher.kanban.history.
+READY_KINDS` (read before the claim's own event; bind the card id)."""
 WAITING_SQL = (
     "SELECT c.id, c.group_name FROM kanban_cards c WHERE c.status = 'todo' AND NOT EXISTS ("
     " SELECT 1 FROM kanban_parents p JOIN kanban_cards pc ON pc.id = p.parent_id"
@@ -220,3 +237,44 @@ class SqlBoard(BoardStore):
                     str(r[0]) for r in conn.execute(prefix_sql, (full, MAX_CANDIDATES)).fetchall()
                 ],
             )
+
+
+READY = "status = 'ready' AND current_run_id IS NULL"
+"""A card a claim may take (the condition of the pick indexes)."""
+
+
+def ready_query(
+    *, after: Card | None = None, limit: int | None = None, now: float | None = None
+) -> tuple[str, list[Any]]:
+    """The SQL and parameters of :meth:`SqlBoardStore.ready_cards` (both backends)."""
+    where, params = "", []
+    if after is not None:
+        # Keyset paging in the claim order (the pick index): (priority DESC, turn,
+        # created_at, id).
+        where = (
+            " AND (priority < ? OR (priority = ? AND (turn > ? OR (turn = ? AND (created_at > ?"
+            " OR (created_at = ? AND id > ?))))))"
+        )
+        params = [
+            after.priority,
+            after.priority,
+            after.turn,
+            after.turn,
+            after.created_at,
+            after.created_at,
+            after.id,
+        ]
+    tail = "" if limit is None else f" LIMIT {int(limit)}"
+    pick = f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE {READY}"  # noqa: S608
+    order = " ORDER BY priority DESC, turn, created_at, id"
+    if now is None:
+        return f"{pick}{where}{order}{tail}", params
+    # Two partial indexes: the cards that never backed off in pick order, and those whose
+    # back-off ran out by retry_at. Cards still backing off are in neither range, so however
+    # many there are, a page reads only what it returns.
+    sql = (
+        f"SELECT * FROM ({pick} AND retry_at IS NULL{where}{order}{tail}) AS fresh"  # noqa: S608
+        f" UNION ALL SELECT * FROM ({pick} AND retry_at IS NOT NULL AND retry_at <= ?"
+        f"{where}{order}{tail}) AS due{order}{tail}"
+    )
+    return sql, [*params, now, *params]

@@ -40,11 +40,14 @@ from dispatcher.kanban.rows import (
     run_of,
 )
 from dispatcher.kanban.sql import (
+    READY,
+    READY_SINCE_SQL,
     WAITING_SQL,
-    SqlBoard,
     SqlConnection,
     SqlDatabase,
+    ready_query,
 )
+from dispatcher.kanban.sqlhistory import SqlHistory
 from dispatcher.launch import holds
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.holds import Holder, Taking
@@ -53,10 +56,10 @@ from dispatcher.launch.outcome import Outcome, Result
 from registry.store.database import StateDB
 from scope.foundation.errors import NotFoundError
 
-__all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore"]
+__all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore", "ready_query"]
 
 
-class SqlBoardStore(SqlBoard):
+class SqlBoardStore(SqlHistory):
     """The board in a SQL database (tables of :mod:`dispatcher.kanban.tables`)."""
 
     # -- cards -------------------------------------------------------------------------------
@@ -262,33 +265,22 @@ class SqlBoardStore(SqlBoard):
                 self._bump(conn)
         return done
 
-    def ready_cards(self, *, after: Card | None = None, limit: int | None = None) -> list[Card]:
-        where, params = "", []
-        if after is not None:
-            # Keyset paging in the claim order (the queue index): (priority DESC, turn,
-            # created_at, id).
-            where = (
-                " AND (priority < ? OR (priority = ? AND (turn > ? OR (turn = ? AND (created_at > ?"
-                " OR (created_at = ? AND id > ?))))))"
-            )
-            params = [
-                after.priority,
-                after.priority,
-                after.turn,
-                after.turn,
-                after.created_at,
-                after.created_at,
-                after.id,
-            ]
-        tail = "" if limit is None else f" LIMIT {int(limit)}"
+    def ready_cards(
+        self, *, after: Card | None = None, limit: int | None = None, now: float | None = None
+    ) -> list[Card]:
+        sql, bound = ready_query(after=after, limit=limit, now=now)
+        with self.db.read() as conn:
+            rows = conn.execute(sql, bound).fetchall()
+        return [card_of(row, ()) for row in rows]
+
+    def backing_off(self, *, now: float, limit: int) -> list[str]:
         with self.db.read() as conn:
             rows = conn.execute(
-                f"SELECT {CARD_COLUMNS} FROM kanban_cards"  # noqa: S608 - constant
-                f" WHERE status = 'ready' AND current_run_id IS NULL{where}"
-                f" ORDER BY priority DESC, turn, created_at, id{tail}",
-                params,
+                f"SELECT id FROM kanban_cards WHERE {READY} AND retry_at IS NOT NULL"  # noqa: S608
+                " AND retry_at > ? ORDER BY retry_at, id LIMIT ?",
+                (now, int(limit)),
             ).fetchall()
-        return [card_of(row, ()) for row in rows]
+        return [str(row[0]) for row in rows]
 
     def claim(
         self,
@@ -328,9 +320,10 @@ class SqlBoardStore(SqlBoard):
                 + 1
             )
             conn.execute(
-                "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"
-                " claimer_start, claimer_boot) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot),
+                "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"  # noqa: S608
+                f" claimer_start, claimer_boot, ready_at) VALUES (?, ?, ?, ?, ?, ?, ?,"
+                f" {READY_SINCE_SQL})",
+                (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot, card_id),
             )
             self._stamp(conn, run_id)
             self._advance_round(conn, card)

@@ -83,16 +83,37 @@ CREATE TABLE kanban_meta (
 INSERT INTO kanban_meta (key, value) VALUES ('board_version', 0), ('paused', 0);
 """
 
+READY_INDEXES = """
+CREATE INDEX kanban_cards_ready ON kanban_cards (priority DESC, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NULL;
+CREATE INDEX kanban_cards_retry ON kanban_cards (retry_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NOT NULL;
+"""
+"""The claim's walk skips cards backing off through these: the ready cards that never backed
+off in pick order, and the others by the end of their back-off (issue 21)."""
+
+HISTORY_V5 = """
+ALTER TABLE kanban_runs ADD COLUMN ready_at REAL;
+DROP INDEX kanban_runs_ended;
+CREATE INDEX kanban_runs_closed ON kanban_runs
+    (ended_at, outcome, claimed_at, started_at, ready_at, card_id) WHERE ended_at IS NOT NULL;
+"""
+"""When each run's card became ready (its claim stores it), and the closed runs by end time
+holding every column the charts read, so a month of runs is read from the index alone. Only
+closed runs are in it: claiming and starting a run never touch it."""
+
 GROUPS = """
 ALTER TABLE kanban_cards ADD COLUMN group_name TEXT;
 ALTER TABLE kanban_cards ADD COLUMN turn INTEGER NOT NULL DEFAULT 0;
-CREATE INDEX kanban_cards_queue ON kanban_cards (priority DESC, turn, created_at, id)
-    WHERE status = 'ready' AND current_run_id IS NULL;
+DROP INDEX kanban_cards_ready;
+CREATE INDEX kanban_cards_ready ON kanban_cards (priority DESC, turn, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NULL;
 CREATE INDEX kanban_cards_group ON kanban_cards (group_name, turn);
 INSERT INTO kanban_meta (key, value) VALUES ('round', 0);
 """
-"""Card groups (v4): the group, the card's turn in its group's queue, the claim order's index
-(priority, turn, age) and the board's round (the highest turn claimed so far)."""
+"""Card groups (v6): the group, the card's turn in its group's queue, the claim order's index
+(the ready cards that never backed off by priority, turn, age) and the board's round (the
+highest turn claimed so far)."""
 
 COMPONENT = Component(
     name="kanban",
@@ -108,7 +129,9 @@ COMPONENT = Component(
             apply="CREATE INDEX kanban_runs_ended ON kanban_runs (ended_at);",
             note="runs by end time (the web's charts read a time range)",
         ),
-        Migration(version=4, apply=GROUPS, note="card groups and their turns"),
+        Migration(version=4, apply=READY_INDEXES, note="ready cards with and without a back-off"),
+        Migration(version=5, apply=HISTORY_V5, note="runs' ready time; closed runs by end time"),
+        Migration(version=6, apply=GROUPS, note="card groups and their turns"),
     ],
 )
 """The kanban board's tables; listed in :func:`dispatcher.app.database.components`."""

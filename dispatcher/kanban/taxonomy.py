@@ -75,7 +75,7 @@ class Breaker:
     def from_settings(cls, settings: KanbanSettings, rng: Random | None = None) -> Breaker:
         """The breaker configured by the ``kanban:`` section."""
         return cls(
-            failure_limit=settings.failure_limit,
+            failure_limit=settings.limit_for(),
             tempfail_limit=settings.tempfail_limit,
             transient_block=settings.transient_block,
             infrastructure_cooldown=settings.infrastructure_cooldown,
@@ -185,7 +185,7 @@ def _by_rule(
     card: Card, data: dict[str, Any], result: Result, breaker: Breaker, now: float, rule: Rule
 ) -> CardChange:
     """A configured rule decides: fail now, a counted retry, or a retry that uses no attempt."""
-    data["rule"] = _rule_label(rule)
+    data["rule"] = rule.label
     if rule.resources is not None and rule.action is Action.RETRY:
         # The next try's class (kept in the event: the board has no column for it, and the
         # event says why that try ran with more). Canonical values: bytes, seconds, percent.
@@ -247,16 +247,6 @@ def _class_of(chosen: Any) -> ScopeProperties | None:
     except (Invalid, TypeError):
         return None
     return props
-
-
-def _rule_label(rule: Rule) -> str:
-    if rule.name:
-        return rule.name
-    parts = [", ".join(o.value for o in rule.outcomes)] if rule.outcomes else []
-    if rule.exit_codes:
-        codes = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in rule.exit_codes)
-        parts.append(f"exit {codes}")
-    return "rule " + (" ".join(parts) or "(any)")
 
 
 def _tempfail(

@@ -155,6 +155,8 @@ class KanbanDispatcher:
             work.warnings.append(full)
         elif not paused:
             self._claim_ready(work, max_claims, dry_run)
+        # The walk never reads cards backing off (an index leaves them out); list the soonest.
+        work.backing_off = self.store.backing_off(now=now, limit=WALK_PAGE)
         if any(d.placement == Placement.DEGRADED for d in work.dispatched):
             work.warnings.append(DEGRADED_WARNING)
         return TickReport(
@@ -207,8 +209,7 @@ class KanbanDispatcher:
             if self._known_full(card, wants, work):
                 continue
             if card.retry_at is not None and card.retry_at > work.now:
-                work.backing_off.append(card.id)
-                continue
+                continue  # not returned by the walk's query; kept as the rule's guard
             cooling = card.cooldown_until is not None and card.cooldown_until > work.now
             if cooling and not self._probe_ok(work):
                 work.guarded.append(card.id)
@@ -232,7 +233,7 @@ class KanbanDispatcher:
         later tick; ``deferred`` lists those the walk looked at)."""
         after = None
         while True:
-            page = self.store.ready_cards(after=after, limit=WALK_PAGE)
+            page = self.store.ready_cards(after=after, limit=WALK_PAGE, now=work.now)
             yield from page
             done = work.budget_full or (max_claims is not None and work.claims >= max_claims)
             if len(page) < WALK_PAGE or done or self._all_held(work):

@@ -216,6 +216,18 @@ class Rule:
         "{memory_max: 2GiB} after oom_killed); kanban only for now. See docs/resources.md.",
     )
 
+    @property
+    def label(self) -> str:
+        """How events and history name the rule: its ``name``, else its criteria
+        (``rule exit 2,64-77``, ``rule timed_out``)."""
+        if self.name:
+            return self.name
+        parts = [", ".join(o.value for o in self.outcomes)] if self.outcomes else []
+        if self.exit_codes:
+            codes = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in self.exit_codes)
+            parts.append(f"exit {codes}")
+        return "rule " + (" ".join(parts) or "(any)")
+
     def matches(self, outcome: Outcome, exit_code: int | None) -> bool:
         """Whether the try that ended with ``outcome``/``exit_code`` falls under this rule."""
         if self.outcomes and outcome not in self.outcomes:
@@ -247,7 +259,8 @@ class RetryPolicy:
     attempts: int | None = setting(
         None,
         kind=Optional(Int(min=1)),
-        doc="Tries in all, the first included (kanban default: kanban.failure_limit).",
+        doc="Tries in all, the first included (kanban default: kanban.failure_limit; cron: "
+        "required, tries per fire).",
     )
     backoff: Backoff = setting(
         default_factory=Backoff, kind=Record(Backoff), doc="The delay before the next try."
@@ -297,7 +310,7 @@ def decide(
     policy's (kanban passes the card's limit). Without either, a retry is always possible."""
     rule = policy.match(outcome, exit_code)
     limit = attempts if attempts is not None else policy.attempts
-    why = rule.name if rule and rule.name else (f"rule {outcome.value}" if rule else None)
+    why = rule.label if rule is not None else None
     if rule is not None and rule.action is Action.FAIL:
         return Decision(
             retry=False, counted=True, attempt=used + 1, reason=f"{why}: no retry", rule=rule

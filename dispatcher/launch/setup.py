@@ -34,6 +34,8 @@ LAUNCH_VARIABLES = frozenset(
         "DISPATCH_CARD_BODY",
         "DISPATCH_JOB_ID",
         "DISPATCH_FIRE_KEY",
+        "DISPATCH_FIRE_ATTEMPT",
+        "DISPATCH_FIRE_ATTEMPTS",
         "DISPATCH_STATE_DIR",
         "DISPATCH_CONFIG",
     }

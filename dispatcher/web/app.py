@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
-from dispatcher.web import actions, pages, streams
+from dispatcher.web import actions, cockpit, pages, streams
 from dispatcher.web.api import router as api
 from dispatcher.web.api.problems import problem
 from dispatcher.web.errors import http_status
@@ -115,6 +115,7 @@ def routes(site: Site) -> list[BaseRoute]:
         Route("/live/cron", _cron_stream),
         Route("/live/cron/{job_id}", _cron_stream),
         *(_region_route(name) for name in _REGIONS),
+        *cockpit.routes(),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
 

@@ -18,10 +18,16 @@ MAX_FIELDS = 64
 
 
 class Form:
-    """The fields of one submitted form (the last value of a repeated name wins)."""
+    """The fields of one submitted form (the last value of a repeated name wins; every value
+    of a repeated name, such as a list of ticked boxes, is :meth:`values`)."""
 
-    def __init__(self, fields: dict[str, str]) -> None:
+    def __init__(self, fields: dict[str, str], pairs: list[tuple[str, str]] | None = None):
         self.fields = fields
+        self.pairs = list(fields.items()) if pairs is None else pairs
+
+    def values(self, name: str) -> list[str]:
+        """Every value sent under ``name``, in order."""
+        return [value for key, value in self.pairs if key == name]
 
     def get(self, name: str, default: str | None = None) -> str | None:
         """The raw value, or ``default`` when absent."""
@@ -59,8 +65,9 @@ class Form:
         return self.fields.get("confirm") == "yes"
 
 
-async def read_form(request: Request) -> Form:
-    """The request's form (400 for a body that is too large, not URL-encoded or not UTF-8)."""
+async def read_form(request: Request, *, max_fields: int = MAX_FIELDS) -> Form:
+    """The request's form (400 for a body that is too large, not URL-encoded or not UTF-8, or
+    with more than ``max_fields`` fields)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     body = bytearray()
     async for chunk in request.stream():
@@ -73,10 +80,10 @@ async def read_form(request: Request) -> Form:
     try:
         text = bytes(body).decode("utf-8")
         pairs = urllib.parse.parse_qsl(
-            text, keep_blank_values=True, max_num_fields=MAX_FIELDS, errors="strict"
+            text, keep_blank_values=True, max_num_fields=max_fields, errors="strict"
         )
     except UnicodeDecodeError:
         raise FormError("(body)", "not valid UTF-8") from None
     except ValueError as err:
         raise FormError("(body)", str(err)) from None
-    return Form(dict(pairs))
+    return Form(dict(pairs), pairs)

@@ -18,8 +18,19 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
 ``dispatch_kanban_ready_to_running_seconds`` histogram from a card's last change before its
                                                       claim (it became ready) to its worker
                                                       spawned
+``dispatch_kanban_retries_total{reason}``   counter   retries scheduled by the retry policy:
+                                                      ``backoff`` (counted), ``uncounted``
+                                                      (exit 75, ``counted: false``) and
+                                                      ``deferred`` (the worker's ``defer``;
+                                                      deferred runs end with the outcome
+                                                      ``deferred`` in ``_runs_total``)
 ``dispatch_cron_fire_lag_seconds``          histogram due -> started of scheduled fires
 ``dispatch_cron_fires_total{job,outcome}``  counter   decided fires (retained ledger rows)
+``dispatch_cron_retries_total{job,reason}`` counter   tries followed by another try of their
+                                                      fire: ``backoff``, ``uncounted`` (also
+                                                      infrastructure), ``deferred`` (retained
+                                                      rows)
+``dispatch_cron_fires_retried_total{job}``  counter   fires that had more than one try
 ``dispatch_cron_job_paused{job}``           gauge     1 for a paused job
 ``dispatch_sessions_running{placement}``    gauge     live registry sessions
 ``dispatch_scope_probe_ok``                 gauge     1 when the probe placed a no-op in a scope
@@ -132,12 +143,44 @@ class ReadyToRunning:
         self.seq = event.seq
 
 
+RETRY_REASONS = ("backoff", "uncounted", "deferred")
+
+
+class RetryTally:
+    """Folds the board's events into retries scheduled by reason (see the module docstring):
+    a failure event that set ``retry_at`` is a retry behind the back-off, counted unless it
+    says ``counted: false`` (or was an exit 75); a ``deferred`` event is the worker's own."""
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(RETRY_REASONS, 0)
+
+    def fold(self, event: Event) -> None:
+        """Take one event (in sequence order)."""
+        if event.kind == "deferred":
+            self.counts["deferred"] += 1
+        elif event.kind in ("failed", "tempfail") and event.data.get("retry_at") is not None:
+            counted = event.kind == "failed" and event.data.get("counted", True)
+            self.counts["backoff" if counted else "uncounted"] += 1
+
+    def family(self) -> CounterMetricFamily:
+        """``dispatch_kanban_retries_total`` by reason."""
+        family = CounterMetricFamily(
+            "dispatch_kanban_retries",
+            "Kanban retries scheduled by the retry policy, by reason",
+            labels=["reason"],
+        )
+        for reason in RETRY_REASONS:
+            family.add_metric([reason], self.counts[reason])
+        return family
+
+
 class DispatchCollector(Collector):
     """The collector (see the module docstring); register it on a private registry."""
 
     def __init__(self, source: Source) -> None:
         self.source = source
         self._latency = ReadyToRunning()
+        self._retries = RetryTally()
         self._lock = threading.Lock()
 
     def describe(self) -> list[Metric]:
@@ -189,12 +232,14 @@ class DispatchCollector(Collector):
                 batch = store.events_after(self._latency.seq, limit=_BATCH)
                 for event in batch:
                     self._latency.fold(event)
+                    self._retries.fold(event)
                 if len(batch) < _BATCH:
                     break
             yield self._latency.histogram.family(
                 "dispatch_kanban_ready_to_running_seconds",
                 "From a card becoming ready to its worker spawned",
             )
+            yield self._retries.family()
 
     def _cron(self) -> Iterator[Metric]:
         ledger = self.source.ledger()
@@ -208,6 +253,23 @@ class DispatchCollector(Collector):
         for (job_id, outcome), count in sorted(ledger.outcome_counts().items()):
             fires.add_metric([job_id, outcome], count)
         yield fires
+        counts = ledger.retry_counts()
+        retries = CounterMetricFamily(
+            "dispatch_cron_retries",
+            "Tries followed by another try of their fire, by reason (kept rows)",
+            labels=["job", "reason"],
+        )
+        for (job_id, reason), count in sorted(counts.retries.items()):
+            retries.add_metric([job_id, reason], count)
+        yield retries
+        retried = CounterMetricFamily(
+            "dispatch_cron_fires_retried",
+            "Fires with more than one try (kept rows)",
+            labels=["job"],
+        )
+        for job_id, count in sorted(counts.fires.items()):
+            retried.add_metric([job_id], count)
+        yield retried
         paused = GaugeMetricFamily("dispatch_cron_job_paused", "1 for a paused job", labels=["job"])
         states = ledger.job_states()
         for job in self.source.settings.cron.jobs:

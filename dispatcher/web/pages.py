@@ -15,9 +15,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from dispatcher.cron.report import policy_text
+from dispatcher.cron.report import attempt_text, history_lines, policy_text
 from dispatcher.kanban.model import MOVE_TARGETS, CardStatus, Run
 from dispatcher.launch.resources import sessions_of, used_text
+from dispatcher.timefmt import TimeView
 from dispatcher.web import views
 from dispatcher.web.live import present
 from dispatcher.web.site import Site
@@ -68,7 +69,7 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         shown,
         runs,
         local_host=source.host_id,
-        failure_limit=kanban.failure_limit,
+        limit_for=kanban.limit_for,
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
         waits=source.limit_waits(shown),
@@ -81,8 +82,15 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         done_page=views.DONE_PAGE,
         running=counts.get(CardStatus.RUNNING, 0),
         max_in_progress=kanban.max_in_progress,
+        strip=_strip(site),
     )
     return context
+
+
+def _strip(site: Site) -> Any:
+    from dispatcher.web.charts import strip  # the charts module builds on this one
+
+    return strip(site)
 
 
 async def board(request: Request) -> Response:
@@ -166,7 +174,7 @@ def card_context(
         session=session,
         log_text=log_text,
         log_cut=log_cut,
-        failure_limit=card.failure_limit or source.settings.kanban.failure_limit,
+        failure_limit=card.failure_limit or source.settings.kanban.limit_for(card.assignee),
         assignees=sorted(source.settings.kanban.assignees),
         move_targets=[s.value for s in MOVE_TARGETS if s is not card.status],
     )
@@ -215,6 +223,9 @@ def cron_context(site: Site, request: Request, job_id: str | None = None) -> dic
     title = f"Cron job {job_id}" if job_id else "Cron"
     context = site.context(request, title=title, nav="cron", stream=stream)
     context.update(jobs=listed, history=rows, job_id=job_id, configured=bool(jobs.plans))
+    # A fire's tries and its pending next try, worded as `cron history` words them.
+    view = TimeView(now=now)
+    context["tries"] = {row.id: (attempt_text(row), history_lines(row, view)) for row in rows}
     # Each fire's class, peak memory and CPU time come with its session (this host's).
     ran = [row.session_id for row in rows if row.session_id]
     context["sessions"] = sessions_of(site.source.registry(), ran) if ran else {}

@@ -19,6 +19,7 @@ from starlette.responses import HTMLResponse
 from dispatcher import __version__
 from dispatcher.launch.resources import human_size, used_text
 from dispatcher.timefmt import TimeView, iso, span, viewer_zone
+from dispatcher.web.svg import duration
 
 if TYPE_CHECKING:
     from registry.abc import Session
@@ -81,6 +82,7 @@ def environment(environ: Mapping[str, str] | None = None) -> jinja2.Environment:
         at=at,
         clock=clock,
         span=_span,
+        duration=duration,
         class_of=_class_of,
         used=_used,
         bytes=human_size,
@@ -119,6 +121,16 @@ class Renderer:
     def macro(self, template: str, name: str, *args: Any) -> str:
         """A context-free macro of a template called with ``args`` (a board tile)."""
         return str(getattr(self.env.get_template(template).module, name)(*args))
+
+    def markup(self, template: str, name: str, *args: Any) -> Any:
+        """A context-free macro's output kept as markup, to be placed in another page as it is
+        (it is this module's own escaped rendering; a drawing kept for the next pages)."""
+        made = getattr(self.env.get_template(template).module, name)(*args)
+        # With autoescape on, a macro's output is already markup (it has __html__): escaped
+        # as it was made, and placed in a page as it is.
+        if not hasattr(made, "__html__"):
+            raise TypeError(f"{template} {name}: not a macro's markup")
+        return made
 
     def page(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from dispatcher.web.guard import Access, Auth
+from dispatcher.web.history import HistoryCache
 from dispatcher.web.keys import Keys
 from dispatcher.web.live import Hub
 from dispatcher.web.render import Html, Renderer
@@ -27,6 +28,9 @@ T = TypeVar("T")
 
 NAV = (
     ("board", "/", "Board"),
+    ("charts", "/charts", "Charts"),
+    ("timeline", "/timeline", "Timeline"),
+    ("search", "/search", "Search"),
     ("cron", "/cron", "Cron"),
     ("sessions", "/sessions", "Sessions"),
     ("status", "/status", "Status"),
@@ -43,6 +47,8 @@ class Site:
     renderer: Renderer
     keys: Keys
     access: Access
+    history: HistoryCache = field(default_factory=HistoryCache)
+    """The history pages' per-bucket answers, shared by every open dashboard."""
 
     @property
     def state_dir(self) -> Path:

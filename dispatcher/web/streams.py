@@ -109,7 +109,7 @@ def board_payload(site: Site, events: tuple[Event, ...] | list[Event], seq: int)
         shown,
         store.open_runs(),
         local_host=source.host_id,
-        failure_limit=source.settings.kanban.failure_limit,
+        limit_for=source.settings.kanban.limit_for,
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
         waits=source.limit_waits(shown),

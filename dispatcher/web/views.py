@@ -8,7 +8,7 @@ done cards come newest first, one page at a time, and a very long column shows i
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
@@ -92,13 +92,13 @@ def tile(
     run: Run | None,
     *,
     host: str | None,
-    failure_limit: int,
+    limit_for: Callable[[str], int],
     assignees: Collection[str] | None = None,
     waiting: str | None = None,
 ) -> Tile:
     """A card as the board shows it (``run``: its open run, if any, claimed on ``host``;
-    ``assignees``: the configured ones, None when unknown; ``waiting``: the full limit it
-    waits for)."""
+    ``limit_for``: the tries an assignee's cards get, ``kanban.limit_for``; ``assignees``: the
+    configured ones, None when unknown; ``waiting``: the full named limit it waits for)."""
     return Tile(
         id=card.id,
         title=card.title,
@@ -109,7 +109,7 @@ def tile(
         started_at=card.started_at if card.status is CardStatus.RUNNING else None,
         completed_at=card.completed_at,
         failures=card.consecutive_failures,
-        failure_limit=card.failure_limit or failure_limit,
+        failure_limit=card.failure_limit or limit_for(card.assignee),
         block_kind=card.block_kind.value if card.block_kind else None,
         run_id=run.run_id if run else None,
         placement=run.placement if run else None,
@@ -128,7 +128,7 @@ def tiles(
     runs: Iterable[Run],
     *,
     local_host: str,
-    failure_limit: int,
+    limit_for: Callable[[str], int],
     hosts: Mapping[str, str | None] | None = None,
     assignees: Collection[str] | None = None,
     waits: Mapping[str, str] | None = None,
@@ -147,7 +147,7 @@ def tiles(
                 card,
                 run,
                 host=host,
-                failure_limit=failure_limit,
+                limit_for=limit_for,
                 assignees=assignees,
                 waiting=waiting,
             )

@@ -348,7 +348,10 @@ def _latency(
                 finally:
                     workspace.close()  # pokes serve, as the CLI does
                 started[card.id] = _wait_started(serve, marks / card.id, card.id)
-            placements = serve.query("SELECT placement, count(*) n FROM kanban_runs GROUP BY 1")
+            placements = serve.query(
+                "SELECT placement, count(*) n FROM kanban_runs WHERE card_id IN"
+                " (SELECT id FROM kanban_cards WHERE assignee = 'w') GROUP BY 1"
+            )
             parts = serve.query(
                 "SELECT r.card_id, r.claimed_at, s.created_at, s.started_at FROM kanban_runs r"
                 " JOIN registry_sessions s ON s.id = r.session_id"

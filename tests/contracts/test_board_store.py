@@ -302,6 +302,26 @@ def test_ready_cards_come_by_priority_then_age(store: BoardStore) -> None:
     assert store.ready_cards(after=everything[-1]) == []
 
 
+def test_ready_cards_at_a_time_leave_out_cards_backing_off(store: BoardStore) -> None:
+    def added(title: str, priority: int, age: int) -> str:
+        new = NewCard(title=title, assignee="a", priority=priority)
+        return store.add_card(new, now=NOW - 100 + age)[0].id
+
+    waiting, later = added("waiting", 5, 0), added("later", 5, 1)
+    due, fresh = added("due", 3, 2), added("fresh", 0, 3)
+    for card_id, at in ((waiting, NOW + 60), (due, NOW - 1), (later, NOW + 30)):
+        store.append_event(card_id, EventKind.EDITED, {}, now=NOW, fields={"retry_at": at})
+    assert [c.id for c in store.ready_cards()] == [waiting, later, due, fresh]
+    assert [c.id for c in store.ready_cards(now=NOW)] == [due, fresh]
+    assert [c.id for c in store.ready_cards(now=NOW, limit=1)] == [due]
+    first = store.ready_cards(now=NOW)[0]
+    assert [c.id for c in store.ready_cards(now=NOW, after=first)] == [fresh]
+    assert [c.id for c in store.ready_cards(now=NOW + 60)] == [waiting, later, due, fresh]
+    assert store.backing_off(now=NOW, limit=10) == [later, waiting]
+    assert store.backing_off(now=NOW, limit=1) == [later]
+    assert store.backing_off(now=NOW + 60, limit=10) == []
+
+
 def test_status_counts_and_runs_of(store: BoardStore) -> None:
     card_id = add(store)
     add(store)

@@ -4,7 +4,8 @@
 database's :class:`dispatcher.cron.ledger.Ledger`) and PostgreSQL (cluster mode's
 :class:`dispatcher.cluster.ledger.PgLedger`; the ``postgres`` tier). Each test states one
 promise the scheduler relies on: unique fire keys, compare-and-set status changes, watermarks
-that never go back, pause/resume, all-or-nothing transactions, history and pruning.
+that never go back, pause/resume (with dispatch's own reason), all-or-nothing transactions,
+history and pruning, a fire's tries and pending retry, and a worker's deferral.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dispatcher.cron.abc import LedgerStore, Take
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.memory import MemoryLedger
-from dispatcher.cron.records import Kind, Status
+from dispatcher.cron.records import Kind, RetryKind, Status, Try
 from dispatcher.kanban.memory import MemoryBoardStore
 from dispatcher.kanban.model import CardChange, CardStatus, Limits, NewCard
 from dispatcher.kanban.store import SqliteBoardStore
@@ -194,6 +195,102 @@ def test_prune_keeps_every_jobs_newest_row(ledger: LedgerStore) -> None:
     assert [r.id for r in ledger.history()] == [waiting, only, ids[-1]]
 
 
+def test_a_fire_keeps_its_tries_and_its_pending_retry(ledger: LedgerStore) -> None:
+    with ledger.transaction() as tx:
+        row_id = tx.insert(**row(attempts=3))
+    assert row_id is not None
+    fresh = ledger.get(row_id)
+    assert (fresh.attempt, fresh.attempts, fresh.tries, fresh.retry_at) == (1, 3, (), None)
+    first = Try(attempt=1, outcome=Outcome.FAILED, exit_code=3, session_id="s_1", ended_at=NOW)
+    lost = Try(attempt=2, outcome=Outcome.LOST, counted=False, error="keeper vanished")
+    waiting = FireChange(
+        status=Status.RETRY,
+        attempt=2,
+        tries=(first, lost),
+        retry_at=NOW + 40,
+        retry_kind=RetryKind.BACKOFF,
+        retry_reason="backoff, attempt 2 of 3",
+    )
+    assert ledger.update(row_id, [Status.CLAIMED], waiting)
+    got = ledger.get(row_id)
+    assert got.status is Status.RETRY and got.shown_outcome == "queued"
+    assert (got.attempt, got.try_number, got.tries) == (2, 3, (first, lost))
+    assert (got.retry_at, got.retry_kind, got.retry_reason) == (
+        NOW + 40,
+        RetryKind.BACKOFF,
+        "backoff, attempt 2 of 3",
+    )
+    # A pending retry is open (the scheduler finds it) but no worker runs for it.
+    assert [r.id for r in ledger.open_rows([Status.RETRY])] == [row_id]
+    assert ledger.count_workers() == 0
+    with ledger.transaction() as tx:
+        assert [r.id for r in tx.open_rows("j")] == [row_id]
+    again = FireChange(status=Status.CLAIMED, retry_at=None, retry_kind=None, retry_reason=None)
+    assert ledger.update(row_id, [Status.RETRY], again)
+    assert not ledger.update(row_id, [Status.RETRY], again)
+    assert ledger.get(row_id).tries == (first, lost)
+
+
+def test_a_deferral_lands_only_on_its_own_try_in_progress(ledger: LedgerStore) -> None:
+    with ledger.transaction() as tx:
+        plain = tx.insert(**row(minute=1))
+        policy = tx.insert(**row(minute=2, attempts=2))
+    assert plain is not None and policy is not None
+    key = row(minute=2)["fire_key"]
+
+    def defer(session: str | None, until: float = NOW + 300) -> bool:
+        return ledger.defer(key, session_id=session, until=until, reason="rate limited")
+
+    assert not defer("s_1")  # claimed: no try in progress yet
+    assert not ledger.defer(row(minute=1)["fire_key"], session_id=None, until=NOW, reason=None)
+    assert ledger.update(policy, [Status.CLAIMED], FireChange(status=Status.SPAWNING))
+    assert ledger.update(plain, [Status.CLAIMED], FireChange(status=Status.SPAWNING))
+    assert not ledger.defer(row(minute=1)["fire_key"], session_id=None, until=NOW, reason=None)
+    assert defer("s_1", NOW + 60)  # spawning: its session is not recorded yet
+    ledger.update(policy, [Status.SPAWNING], FireChange(status=Status.RUNNING, session_id="s_1"))
+    assert not defer("s_2")  # another try's worker
+    assert defer("s_1")
+    got = ledger.get(policy)
+    assert (got.retry_at, got.retry_kind, got.retry_reason) == (
+        NOW + 300,
+        RetryKind.DEFERRED,
+        "rate limited",
+    )
+    assert ledger.get(plain).retry_at is None
+    ledger.update(policy, [Status.RUNNING], FireChange(status=Status.DONE))
+    assert not defer("s_1")
+    assert not ledger.defer("j@1999-01-01T00:00:00", session_id="s_1", until=NOW, reason=None)
+
+
+def test_a_pause_by_dispatch_commits_with_its_fire_and_resume_clears_it(
+    ledger: LedgerStore,
+) -> None:
+    with ledger.transaction() as tx:
+        row_id = tx.insert(**row(status=Status.RUNNING))
+    assert row_id is not None
+    done = FireChange(status=Status.DONE, outcome=Outcome.FAILED)
+    with pytest.raises(RuntimeError), ledger.transaction() as tx:
+        assert tx.update(row_id, [Status.RUNNING], done)
+        assert tx.set_paused("j", True, NOW, "every attempt failed")
+        raise RuntimeError("crashed before the commit")
+    assert ledger.get(row_id).status is Status.RUNNING and "j" not in ledger.job_states()
+    with ledger.transaction() as tx:
+        assert tx.update(row_id, [Status.RUNNING], done)
+        assert tx.set_paused("j", True, NOW, "every attempt failed")
+        assert not tx.set_paused("j", True, NOW + 1, "again")
+    paused = ledger.job_states()["j"]
+    assert (paused.paused, paused.paused_at, paused.paused_reason) == (
+        True,
+        NOW,
+        "every attempt failed",
+    )
+    assert ledger.set_paused("j", False, NOW + 60)
+    resumed = ledger.job_states()["j"]
+    assert (resumed.paused, resumed.paused_reason, resumed.watermark) == (False, None, NOW + 60)
+    assert ledger.set_paused("j", True, NOW + 61)
+    assert ledger.job_states()["j"].paused_reason is None  # the operator's pause has no reason
+
+
 # -- named limits -----------------------------------------------------------------------------
 
 ONE = (("api", LimitSpec(concurrency=1)),)
@@ -270,3 +367,19 @@ def test_a_cron_fire_and_a_kanban_run_share_one_limit(books: tuple[LedgerStore, 
         other.id, now=NOW, claimer=me, limits=Limits(max_in_progress=9, wants=ONE)
     )
     assert refused.wait is not None
+
+
+def test_a_try_that_ends_in_a_retry_frees_its_limits_and_the_next_try_takes_them_again(
+    ledger: LedgerStore,
+) -> None:
+    first, other = _ids(ledger, 0, 1)
+    assert ledger.take(first, _taking(), ONE, now=NOW).taken
+    retry = FireChange(status=Status.RETRY, attempt=2, retry_at=NOW + 40)
+    assert ledger.update(first, (Status.SPAWNING,), retry)
+    _, tallies = ledger.limit_tallies(ONE, now=NOW)
+    assert tallies["api"].in_use == 0  # backing off holds nothing
+    assert ledger.take(other, _taking(), ONE, now=NOW).taken
+    back = FireChange(status=Status.CLAIMED, retry_at=None)
+    assert ledger.update(first, (Status.RETRY,), back)
+    held = ledger.take(first, _taking(), ONE, now=NOW + 40)
+    assert held.wait is not None and held.wait.limit == "api"  # the next try waits its turn

@@ -249,6 +249,16 @@ STATUS = obj(
         "kanban_paused": BOOLEAN,
         "next_cron_fires": {"type": ["array", "null"]},
         "recent_errors": array({"type": "object"}),
+        "cron_paused": array(
+            obj(
+                {
+                    "job_id": STRING,
+                    "by": {"type": "string", "enum": ["operator", "dispatch"]},
+                    "paused_at": TIME,
+                    "reason": nullable("string"),
+                }
+            )
+        ),
         "cluster": {"type": ["object", "null"]},
         "admission": obj({"enabled": BOOLEAN, "held": BOOLEAN, "reason": STRING}),
     }

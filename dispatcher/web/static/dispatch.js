@@ -227,6 +227,55 @@
     }
   }
 
+
+  // Charts: hovering (or focusing) a bar or an interval shows its numbers in a small box that
+  // follows the pointer; the numbers are the shape's own data-tip text (also its <title>, which
+  // the browser shows when this script does not run).
+  const tipBox = document.createElement("div");
+  tipBox.id = "tip";
+  tipBox.hidden = true;
+  tipBox.setAttribute("role", "status");
+  document.body.appendChild(tipBox);
+  let tipped = null;
+  function showTip(target, x, y) {
+    if (tipped && tipped !== target) tipped.classList.remove("tipped");
+    tipped = target;
+    target.classList.add("tipped");
+    tipBox.textContent = target.dataset.tip;
+    tipBox.hidden = false;
+    const left = Math.min(x + 14, window.innerWidth - tipBox.offsetWidth - 8);
+    tipBox.style.left = Math.max(4, left) + "px";
+    tipBox.style.top = Math.max(4, y - tipBox.offsetHeight - 10) + "px";
+  }
+  function hideTip() {
+    if (tipped) tipped.classList.remove("tipped");
+    tipped = null;
+    tipBox.hidden = true;
+  }
+  document.addEventListener("mousemove", (e) => {
+    const target = e.target instanceof Element ? e.target.closest("[data-tip]") : null;
+    if (target) showTip(target, e.clientX, e.clientY);
+    else if (tipped) hideTip();
+  });
+  document.addEventListener("focusin", (e) => {
+    const target = e.target instanceof Element ? e.target.closest("[data-tip]") : null;
+    if (!target) return;
+    const box = target.getBoundingClientRect();
+    showTip(target, box.left, box.top);
+  });
+  document.addEventListener("focusout", hideTip);
+
+  // Search results: the header's box ticks or clears every card box of its form.
+  for (const all of document.querySelectorAll("input[data-select-all]")) {
+    all.addEventListener("change", () => {
+      const form = all.closest("form");
+      if (!form) return;
+      for (const box of form.querySelectorAll('input[type="checkbox"][name="card"]')) {
+        box.checked = all.checked;
+      }
+    });
+  }
+
   if (bar && toggle) {
     toggle.hidden = false;
     toggle.addEventListener("click", () => (paused ? resume() : pause()));
