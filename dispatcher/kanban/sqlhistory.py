@@ -203,7 +203,6 @@ class SqlHistory(SqlBoard):
     # -- search ------------------------------------------------------------------------------
 
     def search_cards(self, query: CardQuery) -> CardPage:
-        search.no_groups(query)
         clauses: list[str] = []
         params: list[Any] = []
         if query.statuses:
@@ -217,6 +216,9 @@ class SqlHistory(SqlBoard):
         if query.assignee is not None:
             clauses.append("c.assignee = ?")
             params.append(query.assignee)
+        if query.group is not None:
+            clauses.append("c.group_name = ?")
+            params.append(query.group)
         if query.changed_after is not None:
             clauses.append("c.updated_at >= ?")
             params.append(query.changed_after)
