@@ -33,7 +33,8 @@ def add_options(add: Parser) -> None:
     add.add_argument(
         "--failure-limit", type=FAILURE_LIMIT, metavar="N", help="override kanban.failure_limit"
     )
-    add.add_argument("--group", metavar="G", help=GROUP_HELP)
+    # Not dest "group": that names the command group (`kanban`) on the namespace.
+    add.add_argument("--group", dest="card_group", metavar="G", help=GROUP_HELP)
 
 
 def list_options(ls: Parser) -> None:

@@ -22,10 +22,8 @@ import abc
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dispatcher.buckets import Bucket, Flows, Window
-from dispatcher.kanban.history import RunLine
 from dispatcher.kanban.model import (
     BlockKind,
     Card,
@@ -38,10 +36,14 @@ from dispatcher.kanban.model import (
     NewCard,
     Run,
 )
-from dispatcher.kanban.search import CardPage, CardQuery
-from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.limits import LimitWait, Tally, Wants
-from dispatcher.launch.outcome import Outcome, Result
+
+if TYPE_CHECKING:  # annotations only: every short write command loads this contract
+    from dispatcher.buckets import Bucket, Flows, Window
+    from dispatcher.kanban.history import RunLine
+    from dispatcher.kanban.search import CardPage, CardQuery
+    from dispatcher.launch.claimant import Claimant
+    from dispatcher.launch.limits import LimitWait, Tally, Wants
+    from dispatcher.launch.outcome import Outcome, Result
 
 
 class ClaimVerdict(enum.StrEnum):

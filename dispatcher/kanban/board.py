@@ -9,8 +9,8 @@ same transaction that closes its run, so a card never keeps a worker it no longe
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
@@ -27,7 +27,6 @@ from dispatcher.kanban.model import (
     move_fields,
 )
 from dispatcher.kanban.rules import FRESH_START
-from dispatcher.kanban.settings import KanbanSettings
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import IdTooShort
 from scope.foundation.text import strip_blanks, unsafe_char
@@ -52,6 +51,21 @@ FAILURE_LIMIT_RANGE = (1, 10**6)
 _RUN_ID = re.compile(r"r_[0-9a-f]{4,}")
 
 
+class BoardSettings(Protocol):
+    """What the board's checks read of the ``kanban:`` settings: the assignee names and how
+    long a transient block lasts. :class:`~dispatcher.kanban.settings.KanbanSettings` is one;
+    so is the CLI's config snapshot (:mod:`dispatcher.app.snapshot`), which spares a short
+    write command the whole config schema."""
+
+    @property
+    def assignees(self) -> Collection[str]:
+        """The configured assignee names (a mapping by name counts)."""
+
+    @property
+    def transient_block(self) -> float:
+        """Seconds a ``transient`` block lasts (``kanban.transient_block``)."""
+
+
 class Board:
     """Validated actions on a :class:`~dispatcher.kanban.abc.BoardStore`.
 
@@ -62,7 +76,7 @@ class Board:
     def __init__(
         self,
         store: BoardStore,
-        settings: KanbanSettings,
+        settings: BoardSettings,
         *,
         registry: Callable[[], Registry] | None = None,
         state_dir: Any = None,

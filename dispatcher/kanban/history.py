@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dispatcher.buckets import Bucket, Flows, Tally, Window
-from dispatcher.kanban.model import Card, Event, Run
-from dispatcher.launch.outcome import Outcome
+# The buckets and the outcome vocabulary are imported where they are used: the board store
+# reads READY_KINDS for every claim, and every short write command loads it (issue 26).
+if TYPE_CHECKING:
+    from dispatcher.buckets import Bucket, Flows, Window
+    from dispatcher.kanban.model import Card, Event, Run
 
 RUNNING, READY, BLOCKED = "running", "ready", "blocked"
 
@@ -77,10 +79,13 @@ def transition(kind: str, data: Mapping[str, Any]) -> tuple[str, str] | None:
         return str(data["from"]), "archived"
     if kind == DEFERRED_CLOSE:
         return RUNNING, READY
-    if kind == "exit_ignored" and data.get("outcome") == Outcome.DEFERRED.value:
-        # The card had already left ``running``: the deferred close changed nothing, so its
-        # run row's change is taken back.
-        return READY, RUNNING
+    if kind == "exit_ignored":
+        from dispatcher.launch.outcome import Outcome
+
+        if data.get("outcome") == Outcome.DEFERRED.value:
+            # The card had already left ``running``: the deferred close changed nothing, so
+            # its run row's change is taken back.
+            return READY, RUNNING
     return None
 
 
@@ -107,6 +112,8 @@ def run_tally(win: Window, rows: Iterable[RunRow]) -> list[Bucket]:
     worker started, the spreads ``wait`` (ready → running: from ``ready_at``, or the claim on
     rows older than that column) and ``run`` (running → end). Every store streams its rows
     through this one function."""
+    from dispatcher.buckets import Tally
+
     tally = Tally(win, ("wait", "run"))
     for ended, outcome, claimed, started, ready in rows:
         i = win.index(ended)
@@ -137,6 +144,8 @@ def run_buckets(
 
 def status_flows(win: Window, events: Sequence[Event], runs: Iterable[Run]) -> list[Flows]:
     """Per bucket, the status changes of its events (and deferred closes) by (from, to)."""
+    from dispatcher.launch.outcome import Outcome
+
     flows: list[dict[tuple[str, str], int]] = [{} for _ in range(win.count)]
     changes = [(e.at, transition(e.kind, e.data)) for e in events]
     changes += [

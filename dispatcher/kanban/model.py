@@ -10,11 +10,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.limits import Wants
-from dispatcher.launch.outcome import Outcome
+if TYPE_CHECKING:  # annotations only: every short write command loads these records
+    from dispatcher.launch.claimant import Claimant
+    from dispatcher.launch.limits import Wants
+    from dispatcher.launch.outcome import Outcome
 
 
 class CardStatus(enum.StrEnum):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.kanban.model import (
     BlockKind,
@@ -12,9 +13,10 @@ from dispatcher.kanban.model import (
     CardStatus,
     Run,
 )
-from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.outcome import Outcome
 from scope.foundation.ids import IdKind
+
+if TYPE_CHECKING:
+    from dispatcher.launch.claimant import Claimant
 
 CARD_PREFIX = "c_"
 RUN_PREFIX = "r_"
@@ -70,6 +72,10 @@ def card_of(row: sqlite3.Row, parents: Sequence[str]) -> Card:
 
 def run_of(row: sqlite3.Row) -> Run:
     """A run row as a record."""
+    # Imported here, like Claimant below: adding a card or a worker's report never reads a
+    # run, and every such command loads this module.
+    from dispatcher.launch.outcome import Outcome
+
     return Run(
         run_id=row["run_id"],
         card_id=row["card_id"],
@@ -92,6 +98,8 @@ def run_of(row: sqlite3.Row) -> Run:
 
 def claimant_of(row: Any) -> Claimant | None:
     """The claimant stored in a run row's ``claimer_*`` columns."""
+    from dispatcher.launch.claimant import Claimant
+
     if row["claimer_pid"] is None:
         return None
     return Claimant(pid=row["claimer_pid"], start=row["claimer_start"], boot=row["claimer_boot"])
@@ -99,7 +107,7 @@ def claimant_of(row: Any) -> Claimant | None:
 
 def db_value(value: Any) -> Any:
     """A record value as SQLite stores it (enums by value, booleans as 0/1)."""
-    if isinstance(value, CardStatus | BlockKind | Outcome):
+    if isinstance(value, enum.Enum):  # CardStatus, BlockKind, Outcome
         return value.value
     if isinstance(value, bool):
         return int(value)

@@ -20,27 +20,22 @@ What differs between the two databases is in the class attributes a backend over
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dispatcher.buckets import Bucket, Flows, Window, clamp
-from dispatcher.kanban import search
-from dispatcher.kanban.history import (
-    DATA_KEYS,
-    DEFERRED_CLOSE,
-    STATUS_KINDS,
-    RunLine,
-    run_tally,
-    transition,
-)
 from dispatcher.kanban.model import CardStatus
 from dispatcher.kanban.rows import CARD_COLUMNS, card_of, run_of
-from dispatcher.kanban.search import CardPage, CardQuery
 from dispatcher.kanban.sql import SqlBoard, SqlConnection
+
+# The charts', timeline's and search's records and functions are imported where they are used:
+# every short write command loads the board store, and none of them reads history (issue 26).
+if TYPE_CHECKING:
+    from dispatcher.buckets import Bucket, Flows, Window
+    from dispatcher.kanban.history import RunLine
+    from dispatcher.kanban.search import CardPage, CardQuery
 
 SKEW = 300.0
 """Seconds an event's time may run behind the one appended before it (see the docstring)."""
 
-_STATUS_KINDS = ", ".join(f"'{k}'" for k in sorted(STATUS_KINDS))
 _DATA_KINDS = {
     "from": ("moved", "archived"),
     "to": ("moved",),
@@ -72,6 +67,8 @@ class SqlHistory(SqlBoard):
     # -- charts ------------------------------------------------------------------------------
 
     def run_buckets(self, window: Window, *, assignee: str | None = None) -> list[Bucket]:
+        from dispatcher.kanban.history import run_tally
+
         join = ""
         params: list[Any] = [window.start, window.end]
         if assignee is not None:
@@ -86,6 +83,9 @@ class SqlHistory(SqlBoard):
             return run_tally(window, rows)
 
     def status_flows(self, window: Window) -> tuple[dict[str, int], list[Flows]]:
+        from dispatcher.buckets import clamp
+        from dispatcher.kanban.history import DATA_KEYS, DEFERRED_CLOSE, STATUS_KINDS, transition
+
         fields = ", ".join(
             "CASE WHEN e.kind IN ({}) THEN {} END".format(
                 ", ".join(f"'{k}'" for k in _DATA_KINDS[key]),
@@ -158,6 +158,8 @@ class SqlHistory(SqlBoard):
         assignee: str | None = None,
         limit: int = 500,
     ) -> list[RunLine]:
+        from dispatcher.kanban.history import RunLine
+
         head = (
             f"SELECT r.*, c.assignee AS card_assignee, c.title AS card_title,"  # noqa: S608
             f" {self.RUN_HOST} AS run_host"
@@ -203,6 +205,8 @@ class SqlHistory(SqlBoard):
     # -- search ------------------------------------------------------------------------------
 
     def search_cards(self, query: CardQuery) -> CardPage:
+        from dispatcher.kanban import search
+
         clauses: list[str] = []
         params: list[Any] = []
         if query.statuses:
@@ -262,4 +266,4 @@ class SqlHistory(SqlBoard):
             }
             parents = self._parents(conn, ids)
         cards = [card_of(rows[i], parents.get(i, [])) for i in ids if i in rows]
-        return CardPage(cards, int(total))
+        return search.CardPage(cards, int(total))

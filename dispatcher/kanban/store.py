@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.kanban import rules
 from dispatcher.kanban.abc import Claim, ClaimVerdict, Decide
@@ -48,13 +48,13 @@ from dispatcher.kanban.sql import (
     ready_query,
 )
 from dispatcher.kanban.sqlhistory import SqlHistory
-from dispatcher.launch import holds
-from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.holds import Holder, Taking
-from dispatcher.launch.limits import Tally, Wants
-from dispatcher.launch.outcome import Outcome, Result
 from registry.store.database import StateDB
 from scope.foundation.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from dispatcher.launch.claimant import Claimant
+    from dispatcher.launch.limits import Tally, Wants
+    from dispatcher.launch.outcome import Outcome, Result
 
 __all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore", "ready_query"]
 
@@ -309,7 +309,11 @@ class SqlBoardStore(SqlHistory):
             if refusal is not None:
                 return Claim(verdict=refusal)
             run_id = RUN_IDS.new()
-            taking = Taking(wants=limits.wants, holder=Holder("run", run_id), group=card.group)
+            from dispatcher.launch import holds  # not on the path of the short write commands
+
+            taking = holds.Taking(
+                wants=limits.wants, holder=holds.Holder("run", run_id), group=card.group
+            )
             wait = holds.try_take(conn, taking, now)
             if wait is not None:
                 return Claim(verdict=ClaimVerdict.LIMIT, wait=wait)
@@ -350,10 +354,14 @@ class SqlBoardStore(SqlHistory):
     def limit_tallies(
         self, wants: Wants, *, now: float, host: str | None = None
     ) -> tuple[float, dict[str, Tally]]:
+        from dispatcher.launch import holds
+
         with self.db.read() as conn:
             return now, holds.tallies(conn, wants, now, host=host, every_group=True)
 
     def prune_holds(self, before: float) -> int:
+        from dispatcher.launch import holds
+
         with self.db.write() as conn:
             return holds.prune(conn, before)
 
@@ -424,7 +432,9 @@ class SqlBoardStore(SqlHistory):
                 run_id,
             ),
         )
-        holds.release(conn, Holder("run", run_id), now)
+        from dispatcher.launch import holds
+
+        holds.release(conn, holds.Holder("run", run_id), now)
         fields = dict(change.fields)
         if card.current_run_id == run_id:
             fields["current_run_id"] = None
@@ -543,6 +553,8 @@ class SqlBoardStore(SqlHistory):
         return counts
 
     def outcome_counts(self) -> dict[tuple[Outcome, bool], int]:
+        from dispatcher.launch.outcome import Outcome
+
         with self.db.read() as conn:
             rows = conn.execute(
                 "SELECT outcome, infrastructure, COUNT(*) FROM kanban_runs"

@@ -15,7 +15,6 @@ the routing rules are built from the ``notify:`` config section by :mod:`dispatc
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -116,6 +115,8 @@ class Outbox:
         channels = channels_for(self.routes, event, subject)
         if not channels:
             return None
+        import uuid  # here: every short write command loads this module, few route a message
+
         message_id = uuid.uuid4().hex
         body = json.dumps(
             {"id": message_id, "event": event, "at": now, **fields}, default=str, sort_keys=True

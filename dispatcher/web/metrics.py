@@ -36,6 +36,12 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
 ``dispatch_scope_probe_ok``                 gauge     1 when the probe placed a no-op in a scope
 ``dispatch_scope_placement{caller,placement}`` gauge  1 for the placement each caller gets now
 ``dispatch_serve_up``                       gauge     1 while a gateway holds the state dir
+``dispatch_keeper_fork_server_up``          gauge     1 while the gateway's keeper fork
+                                                      server runs
+``dispatch_keepers_forked_total``           counter   keepers the gateway's fork server started
+``dispatch_keeper_fallbacks_total{reason}`` counter   keepers started the usual way instead
+                                                      (``missing``, ``dead``, ``busy``,
+                                                      ``timeout``, ``refused``, ``other``)
 ``dispatch_cluster_host_lease_live{host}``  gauge     cluster mode: 1 while the host's lease is
                                                       live (database clock)
 ``dispatch_cluster_host_epoch{host}``       gauge     cluster mode: the host's lease epoch
@@ -54,7 +60,9 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
 ``dispatch_state_readable``                 gauge     0 when the state could not be read
 =========================================== ========= =========================================
 
-The cron families cover the ledger rows still kept (``cron`` prunes old ones), so they can
+The keeper families count from the gateway's start (its status file, refreshed every 5 s);
+Prometheus' ``rate()`` treats a restart as a counter reset. The cron families cover the ledger
+rows still kept (``cron`` prunes old ones), so they can
 drop; Prometheus' ``rate()`` treats that as a counter reset.
 """
 
@@ -65,6 +73,7 @@ import collections
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from prometheus_client.core import (
     CollectorRegistry,
@@ -289,6 +298,7 @@ class DispatchCollector(Collector):
         yield GaugeMetricFamily(
             "dispatch_serve_up", "1 while a gateway holds the state dir", source.gateway_running()
         )
+        yield from _keepers(source.keepers())
         report = source.doctor()
         yield GaugeMetricFamily(
             "dispatch_scope_probe_ok",
@@ -372,6 +382,29 @@ class DispatchCollector(Collector):
             epoch.add_metric([row.host_id], row.epoch)
         yield live
         yield epoch
+
+
+def _keepers(keepers: dict[str, Any] | None) -> Iterator[Metric]:
+    """The gateway's keeper fork server: up, keepers forked, fallbacks by reason."""
+    found = keepers or {}
+    yield GaugeMetricFamily(
+        "dispatch_keeper_fork_server_up",
+        "1 while the gateway's keeper fork server runs",
+        float(bool(found.get("running"))),
+    )
+    yield CounterMetricFamily(
+        "dispatch_keepers_forked",
+        "Keepers the gateway's fork server started",
+        int(found.get("forked") or 0),
+    )
+    fallbacks = CounterMetricFamily(
+        "dispatch_keeper_fallbacks",
+        "Keepers started the usual way although the gateway has a fork server",
+        labels=["reason"],
+    )
+    for reason, count in sorted((found.get("fallbacks") or {}).items()):
+        fallbacks.add_metric([str(reason)], int(count))
+    yield fallbacks
 
 
 def metrics_registry(source: Source) -> CollectorRegistry:

@@ -104,6 +104,16 @@ class Source:
         """Whether a ``dispatch serve`` holds this state dir's lock."""
         return read_holder(self.state_dir) is not None
 
+    def keepers(self) -> dict[str, Any] | None:
+        """The running gateway's keeper fork server figures (its status file), or None."""
+        from dispatcher.gateway.statusfile import read_status
+
+        holder = read_holder(self.state_dir)
+        status = read_status(self.state_dir) if holder else None
+        if status is None or holder is None or status.pid != holder.pid:
+            return None
+        return status.keepers
+
     def refresh(self) -> None:
         """Reconcile finished runs when no gateway does (``kanban list`` does the same)."""
         if self.gateway_running():
