@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import zoneinfo
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+# zoneinfo is imported where a named zone is loaded: printing a time in the host's own zone
+# (`kanban defer`'s answer, every --json time) needs none.
 
 __all__ = ["TimeView", "iso", "relative", "span", "viewer_zone"]
 
@@ -27,7 +29,7 @@ def iso(timestamp: float | None, zone: str | None = None) -> str | None:
     """Epoch seconds as ISO-8601 in ``zone`` (default: the host's zone); None stays None."""
     if timestamp is None:
         return None
-    tz: dt.tzinfo | None = zoneinfo.ZoneInfo(zone) if zone else None
+    tz: dt.tzinfo | None = _zone(zone) if zone else None
     moment = dt.datetime.fromtimestamp(int(timestamp), tz=dt.UTC).astimezone(tz)
     return moment.isoformat(timespec="seconds")
 
@@ -66,10 +68,18 @@ def viewer_zone(environ: Mapping[str, str]) -> dt.tzinfo | None:
         name = name.split("zoneinfo/", 1)[1].removeprefix("posix/").removeprefix("right/")
     if not name:
         return None
+    import zoneinfo
+
     try:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
         return None
+
+
+def _zone(name: str) -> dt.tzinfo:
+    import zoneinfo
+
+    return zoneinfo.ZoneInfo(name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +98,7 @@ class TimeView:
         return cls(now=time.time(), zone=viewer_zone(environ or {}))
 
     def _moment(self, timestamp: float, zone: str | None) -> dt.datetime:
-        tz = zoneinfo.ZoneInfo(zone) if zone else self.zone
+        tz = _zone(zone) if zone else self.zone
         return dt.datetime.fromtimestamp(int(timestamp), tz=dt.UTC).astimezone(tz)
 
     def at(self, timestamp: float | None, zone: str | None = None) -> str:

@@ -55,6 +55,7 @@ from registry.abc import (
 )
 from registry.errors import RegistryError
 from registry.keeper.files import SessionDir
+from registry.keeper.forkserver import ForkServer, ForkServerStats
 from registry.keeper.start import KEEPER_SCRIPT, keeper_command
 from registry.keeper.times import LogTimes
 from registry.lifecycle.finalize import Finalizer
@@ -74,7 +75,7 @@ from registry.settings import RegistrySettings
 from registry.store.database import StateDB
 from registry.store.events import EventStore
 from registry.store.sessions import SessionStore
-from scope.abc import Scoper
+from scope.abc import Scoper, Starter
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.ids import lookup
 
@@ -83,6 +84,8 @@ __all__ = [
     "KEEPER_SCRIPT",
     "MAX_NOTE_CHARS",
     "STARTING_GRACE",
+    "ForkServer",
+    "ForkServerStats",
     "ProcessRegistry",
     "keeper_command",
     "new_session_id",
@@ -100,6 +103,8 @@ class ProcessRegistry(Registry):
     a session is read. ``protect_gateway``: refuse commands that would kill this process by
     name (set inside the gateway). ``python`` runs the keeper (default: this interpreter).
     ``hooks``: the output hooks (default: redaction as the settings say, no transform).
+    ``starter``: starts keepers instead of ``Popen`` where the placement allows (the keeper
+    fork server, :class:`~registry.keeper.forkserver.ForkServer`; its owner closes it).
     The tuning knobs end up in one :class:`~registry.lifecycle.parts.LaunchOptions` (``options``).
     """
 
@@ -118,11 +123,13 @@ class ProcessRegistry(Registry):
         idle_interval: float = 1.0,
         ready_timeout: float = 30.0,
         hooks: OutputHooks | None = None,
+        starter: Starter | None = None,
     ) -> None:
         python = python or sys.executable
         self.options = LaunchOptions(
             python=python,
             keeper_argv=tuple(keeper_command(python, Path(state_dir) / "cache")),
+            starter=starter,
             ready_timeout=ready_timeout,
             follow=follow,
             interval=interval,

@@ -89,6 +89,14 @@ class RegistrySettings:
         "max_pending_events) the oldest unacknowledged ones are dropped, with a warning in "
         "the log.",
     )
+    fork_server: bool = setting(
+        True,
+        kind=Bool(),
+        doc="Start keepers from a fork server (one warm interpreter, forked for each keeper) "
+        "in 'dispatch serve' and in a 'dispatch kanban tick' that may start many workers; "
+        "false: a fresh interpreter for every keeper. Either way a keeper behaves the same, "
+        "and a spawn the fork server cannot take starts the usual way.",
+    )
     redact: bool = setting(
         True,
         kind=Bool(),

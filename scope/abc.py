@@ -22,6 +22,14 @@ doing anything else and proceed only after reading the byte ``b"1"`` (EOF means 
 now"). Programs that honour this set :attr:`LaunchSpec.gated`; others are wrapped by the backend.
 The systemd-run backend needs no gate (systemd-run creates the scope, then execs the program) and
 does not set the variable.
+
+Starters: a gated spec may name a :class:`Starter` that starts the program instead of ``Popen``
+(the registry's keeper fork server). The D-Bus backend and unscoped launches use it, holding the
+started process behind the gate as always; when the starter declines (:class:`StarterDeclined`),
+that gate is closed, so anything it may have half-started exits without running, and the program
+is started the usual way behind a new gate. A started process that is not our child comes back
+as :attr:`Launched.process` ``None`` with its kernel start time (:attr:`Launched.start_time`):
+callers follow it by pid and start time, as after a restart.
 """
 
 from __future__ import annotations
@@ -117,6 +125,44 @@ class Decision:
     """True for ``degraded``: callers log the cause and remedy once per (caller kind, cause)."""
 
 
+class StarterDeclined(Exception):
+    """A :class:`Starter` started nothing that can ever run (see :meth:`Starter.start`).
+
+    Never leaves scope/: the launch falls back to ``Popen``. ``reason`` is a short stable
+    word for counting (``missing``, ``dead``, ``refused``, ``busy``, ``timeout``)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, kw_only=True)
+class Started:
+    """A process a launch started, before it is let through its gate."""
+
+    pid: int
+    process: subprocess.Popen[bytes] | None = None
+    """Our child (``Popen``); None when a starter's process started it (not ours to reap)."""
+    start_time: int | None = None
+    """Kernel start time (clock ticks since boot) when known: with ``pid``, its identity."""
+
+
+class Starter(abc.ABC):
+    """Starts a gated program in place of ``Popen`` (the registry's keeper fork server)."""
+
+    @abc.abstractmethod
+    def start(self, spec: LaunchSpec, env: Mapping[str, str], pass_fds: Sequence[int]) -> Started:
+        """Start ``spec.argv`` with ``env`` (which names the gate in ``DISPATCH_SCOPE_GATE_FD``),
+        ``spec``'s cwd and stdio, a new session, and ``pass_fds`` at the same numbers.
+
+        Returns only once the process exists and waits on its gate. Raises
+        :class:`StarterDeclined` whenever it cannot say that: the caller then closes that gate
+        (a process half-started meanwhile reads EOF and exits without running anything) and
+        starts the program itself, so a program is never run twice. ``OSError`` as ``Popen``
+        would raise it (the program cannot start at all)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     """What to start. ``argv`` is never passed through a shell."""
@@ -138,19 +184,27 @@ class LaunchSpec:
     resources: ScopeProperties | None = None
     """This worker's resource class, over ``scope.resources`` key by key (None: the default
     class alone)."""
+    starter: Starter | None = None
+    """Starts a ``gated`` program instead of ``Popen`` where the placement allows it (see the
+    module docstring); None: ``Popen``."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Launched:
     """A started process and where it was placed."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None
+    """Our child; None when a :class:`Starter` started it (follow it by ``pid`` and
+    ``start_time``, as an adopted process)."""
     pid: int
     placement: Placement
     unit: str | None = None
     backend: str | None = None
     warning: str | None = None
     """Set for ``degraded``: the cause and remedy (already logged once per caller kind/cause)."""
+    start_time: int | None = None
+    """Kernel start time of ``pid`` when the launch knows it (always when ``process`` is
+    None)."""
     resources: ScopeProperties | None = None
     """The class the scope was given (the worker's over ``scope.resources``); None when the
     process has no scope of its own."""

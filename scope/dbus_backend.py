@@ -33,7 +33,7 @@ from scope.cgroup import cgroup_procs
 from scope.errors import BusError, ScopeError
 from scope.gate import Gate, wrapped_argv
 from scope.resources import bus_properties
-from scope.spawn import abandon, popen
+from scope.spawn import abandon_started, start_held
 from scope.translate import NO_SUCH_UNIT, ScopeStartFailed, from_dbus_reply, translate
 
 __all__ = ["DbusBackend", "scope_properties"]
@@ -282,21 +282,21 @@ class DbusBackend(UnitBackend):
     ) -> Launched:
         """Spawn ``spec`` held, place it in ``unit``, then let it run (see the module doc)."""
         address = self._address(unit)
-        gate = Gate.open()
+        gate = first = Gate.open()
         try:
-            env = gate.env(spec.env)
             argv = (
                 list(spec.argv)
                 if spec.gated
                 else wrapped_argv(spec.argv, gate.read_fd, spec.env, spec.cwd)
             )
-            process = popen(spec, argv, env, extra_fds=(gate.read_fd,))
-            gate.after_spawn()
+            # A starter (the keeper fork server) may start it instead of Popen: either way the
+            # child waits on its gate until the scope holds its pid.
+            started, gate = start_held(spec, argv, gate)
             description = clean_description(spec.description or " ".join(spec.argv))
             try:
                 self._run(
                     self._start(
-                        address, unit, scope_properties(description, properties, [process.pid])
+                        address, unit, scope_properties(description, properties, [started.pid])
                     ),
                     timeout=self.timeout if timeout is None else timeout,
                     unit=unit,
@@ -304,14 +304,16 @@ class DbusBackend(UnitBackend):
                 )
             except BaseException:
                 gate.close()  # EOF on the gate: the held child exits without running anything
-                abandon(process)
+                abandon_started(started)
                 raise
             gate.release()
         finally:
+            first.close()
             gate.close()
         return Launched(
-            process=process,
-            pid=process.pid,
+            process=started.process,
+            pid=started.pid,
+            start_time=started.start_time,
             placement=Placement.SCOPED,
             unit=unit,
             backend=self.name,

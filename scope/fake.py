@@ -33,6 +33,7 @@ from scope.abc import (
     Policy,
     ProbeVerdict,
     Scoper,
+    Started,
     StopResult,
 )
 from scope.errors import ManagerLost
@@ -41,7 +42,7 @@ from scope.foundation.procstat import group_members, read_stat
 from scope.gate import Gate
 from scope.hierarchy import Controllers, admit
 from scope.placement import decide
-from scope.spawn import popen
+from scope.spawn import popen, start_held, start_released
 from scope.unitname import scope_name
 from scope.warnings import WarnOnce
 
@@ -171,16 +172,27 @@ class FakeScoper(Scoper):
                     f"{caller.value} worker runs degraded: {decision.cause}; {decision.remedy}"
                 )
                 self.warnings.warn(caller.value, "no restart-safe scope", warning)
-            process = popen(spec, spec.argv, spec.env)
-            launched = Launched(
-                process=process, pid=process.pid, placement=decision.placement, warning=warning
-            )
+            launched = self._launch_unscoped(spec, decision.placement, warning)
         with self._lock:
             self._counters.launches += 1
             key = launched.placement.value
             self._counters.by_placement[key] = self._counters.by_placement.get(key, 0) + 1
             self.launched.append(launched)
         return launched
+
+    @staticmethod
+    def _launch_unscoped(spec: LaunchSpec, placement: Placement, warning: str | None) -> Launched:
+        if spec.starter is not None and spec.gated:
+            started = start_released(spec)
+            return Launched(
+                process=started.process,
+                pid=started.pid,
+                start_time=started.start_time,
+                placement=placement,
+                warning=warning,
+            )
+        process = popen(spec, spec.argv, spec.env)
+        return Launched(process=process, pid=process.pid, placement=placement, warning=warning)
 
     def _launch_scoped(self, spec: LaunchSpec, caller: CallerKind) -> Launched:
         skipped: tuple[str, ...] = ()
@@ -201,31 +213,39 @@ class FakeScoper(Scoper):
                 remedy="fix: the next launch follows the 'probe not OK' row",
                 unit=unit,
             )
-        gate = Gate.open() if spec.gated else None
-        try:
-            env = gate.env(spec.env) if gate else dict(spec.env)
-            extra = (gate.read_fd,) if gate else ()
-            process = popen(spec, spec.argv, env, extra_fds=extra, new_session=True)
-            if gate:
-                gate.after_spawn()
-            stat = read_stat(process.pid)
-            start = stat.start_time if stat is not None else 0
-            with self._lock:
-                self._units[unit] = _FakeUnit(pgid=process.pid, leader_start=start)
-            if gate:
+        if not spec.gated:
+            process = popen(spec, spec.argv, spec.env, new_session=True)
+            started = Started(pid=process.pid, process=process)
+            self._note_unit(unit, started)
+        else:
+            gate = first = Gate.open()
+            try:
+                # Through the spec's starter when it has one, as the D-Bus backend does.
+                started, gate = start_held(spec, spec.argv, gate, new_session=True)
+                self._note_unit(unit, started)
                 gate.release()
-        finally:
-            if gate:
+            finally:
+                first.close()
                 gate.close()
         return Launched(
-            process=process,
-            pid=process.pid,
+            process=started.process,
+            pid=started.pid,
+            start_time=started.start_time,
             placement=Placement.SCOPED,
             unit=unit,
             backend=BACKEND,
             resources=spec.resources,
             ineffective=skipped,
         )
+
+    def _note_unit(self, unit: str, started: Started) -> None:
+        """The started process's group stands in for the unit (the keeper leads its own)."""
+        start = started.start_time
+        if start is None:
+            stat = read_stat(started.pid)
+            start = stat.start_time if stat is not None else 0
+        with self._lock:
+            self._units[unit] = _FakeUnit(pgid=started.pid, leader_start=start)
 
     def unit_pids(self, unit: str) -> list[int] | None:
         with self._lock:

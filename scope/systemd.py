@@ -51,7 +51,7 @@ from scope.placement import decide
 from scope.probe import Probe
 from scope.resources import ScopeProperties
 from scope.settings import ScopeSettings
-from scope.spawn import abandon, popen
+from scope.spawn import abandon, popen, start_released
 from scope.translate import ScopeStartFailed, ScopeTimeout
 from scope.unitname import scope_name
 from scope.warnings import WarnOnce
@@ -208,6 +208,15 @@ class SystemdScoper(Scoper):
             # manager stays unreachable (vanished, then "no backend could reach it"), and that
             # must not repeat the warning. A recovery resets it, so a relapse warns again.
             self.warnings.warn(caller.value, "no restart-safe scope", warning)
+        if spec.starter is not None and spec.gated:
+            started = start_released(spec)
+            return Launched(
+                process=started.process,
+                pid=started.pid,
+                start_time=started.start_time,
+                placement=decision.placement,
+                warning=warning,
+            )
         process = popen(spec, spec.argv, spec.env)
         return Launched(
             process=process, pid=process.pid, placement=decision.placement, warning=warning
@@ -335,6 +344,7 @@ class SystemdScoper(Scoper):
         except (ScopeError, OSError) as err:
             return verdict(False, None, _stable(err, unit))
         remaining = max(0.1, timeout - (time.perf_counter() - started))
+        assert launched.process is not None  # the probe names no starter
         try:
             code = launched.process.wait(timeout=remaining)
         except subprocess.TimeoutExpired:

@@ -240,3 +240,39 @@ def test_dispatch_reload_without_a_serve_says_so(serve: Serve) -> None:
     assert done.returncode == 1
     assert "no dispatch serve is running" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_keepers_come_from_serves_fork_server_counted_in_status_and_metrics(
+    serve: Serve,
+) -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dispatcher.config import load_config
+    from dispatcher.web.metrics import metrics_registry
+    from dispatcher.web.source import Source
+
+    serve.start()
+    card_id = serve.dispatch("kanban", "add", "hi", "--assignee", "quick").stdout.strip()
+    wait_for(lambda: serve.card(card_id)["status"] == "done", timeout=10, what="card done")
+    serve.dispatch("reload")  # the status file is refreshed with the reload's verdict
+    keepers = json.loads(serve.dispatch("status", "--json").stdout)["serve"]["keepers"]
+    assert keepers["running"] is True and keepers["forked"] == 1 and keepers["fallbacks"] == {}
+    human = serve.dispatch("status").stdout
+    assert f"keepers:    fork server pid {keepers['pid']}, 1 forked" in human
+    source = Source(load_config(serve.config).settings, serve.state, serve.env())
+    try:
+        text = generate_latest(metrics_registry(source)).decode()
+    finally:
+        source.close()
+    found = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    assert found[("dispatch_keeper_fork_server_up", ())] == 1
+    assert found[("dispatch_keepers_forked_total", ())] == 1
+    assert not [name for name, _ in found if name == "dispatch_keeper_fallbacks_total"]
+    assert serve.stop() == 0
+    # The fork server ends with serve.
+    wait_for(lambda: not os.path.exists(f"/proc/{keepers['pid']}"), 5, what="fork server gone")

@@ -133,6 +133,7 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "dispatcher.timefmt",
             "dispatcher.buckets",
             "dispatcher.rollup",
+            "dispatcher.rolluptables",
             "dispatcher.envfile",
             "dispatcher.commonsettings",
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from scope import open_scoper
 from scope.abc import CallerKind, Placement, Policy
 from scope.resources import ScopeProperties
 from scope.settings import ScopeSettings
+from tests.support.keepers import START_PATHS, start_path
 from tests.support.systemd import SystemdManager
 from tests.support.wait import wait_for
 from tests.test_registry_support import OWNER, open_registry, request
@@ -231,9 +233,16 @@ SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
 SMALL = ScopeProperties(memory_max=48 * 2**20)
 
 
+@pytest.fixture(params=START_PATHS)
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Both keeper start paths: the keeper in the scope reads the OOM kill either way."""
+    with start_path(request.param) as name:
+        yield name
+
+
 @pytest.mark.systemd
 def test_a_worker_past_memory_max_ends_oom_killed_across_a_restart(
-    tmp_path: Path, systemd_manager: SystemdManager, leak_guard
+    tmp_path: Path, systemd_manager: SystemdManager, leak_guard, path: str
 ) -> None:
     state = tmp_path / "state"
     scoper = open_scoper(ScopeSettings(), Policy(), environ=systemd_manager.env)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from registry.abc import SessionState
 from registry.keeper.program import HOLD_MAX, TermResponder
+from tests.support.keepers import START_PATHS, start_path
 from tests.support.leaks import LeakGuard
 from tests.test_events_support import registry_at
 from tests.test_registry_support import request
@@ -105,8 +107,15 @@ ASKS = textwrap.dedent(
 )
 
 
+@pytest.fixture(params=START_PATHS)
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The real PTY workers below run over both keeper start paths."""
+    with start_path(request.param) as name:
+        yield name
+
+
 def test_a_pty_program_waiting_for_its_cursor_query_completes(
-    tmp_path: Path, leak_guard: LeakGuard
+    path: str, tmp_path: Path, leak_guard: LeakGuard
 ) -> None:
     with registry_at(tmp_path / "state") as registry:
         session = registry.spawn(request([sys.executable, "-c", ASKS], pty=True))
@@ -122,7 +131,7 @@ def test_a_pty_program_waiting_for_its_cursor_query_completes(
     assert done.total_bytes == len(log)
 
 
-def test_pipe_mode_output_is_never_interpreted(tmp_path: Path) -> None:
+def test_pipe_mode_output_is_never_interpreted(path: str, tmp_path: Path) -> None:
     with registry_at(tmp_path / "state") as registry:
         session = registry.spawn(request(["printf", "x\\033[6ny"]))
         registry.wait(session.id, timeout=10)

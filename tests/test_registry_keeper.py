@@ -1,4 +1,5 @@
-"""The keeper script on its own: run exactly as the registry runs it, on real processes."""
+"""The keeper script on its own: run exactly as the registry runs it, on real processes, over
+both start paths (a fresh interpreter, and forked by the fork server)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,8 @@ import pytest
 
 from registry.keeper.program import dumps, loads, signal_name
 from registry.process import KEEPER_SCRIPT
+from tests.support.keepers import START_PATHS, KeeperProcess, KeeperRunner
 from tests.support.wait import wait_for
-from tests.test_registry_support import PYTHON, run_keeper
 
 
 def spec_for(directory: Path, argv: list[str], **fields: Any) -> dict[str, Any]:
@@ -48,6 +50,19 @@ def sdir(tmp_path: Path) -> Path:
     path = tmp_path / "s"
     path.mkdir(mode=0o700)
     return path
+
+
+@pytest.fixture(params=START_PATHS)
+def keepers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KeeperRunner]:
+    with KeeperRunner(request.param, tmp_path) as runner:
+        yield runner
+
+
+def start_on(keepers: KeeperRunner, sdir: Path, spec: dict[str, Any]) -> KeeperProcess:
+    """Write the spec and its stdin FIFO, start the keeper, leave it running."""
+    (sdir / "spec.json").write_text(json.dumps(spec))
+    os.mkfifo(sdir / "stdin", 0o600)
+    return keepers.start(sdir / "spec.json")
 
 
 def test_json_helpers_round_trip() -> None:
@@ -79,9 +94,10 @@ def test_signal_names_match_the_signal_module() -> None:
     assert signal_name(signal.SIGRTMIN + 2) == "SIGRTMIN+2"
 
 
-def test_output_and_exit_record(sdir: Path) -> None:
-    done = run_keeper(spec_for(sdir, ["sh", "-c", "echo out; printf 'x\\000y\\377' >&2; exit 3"]))
-    assert done.returncode == 0, done.stderr
+def test_output_and_exit_record(keepers: KeeperRunner, sdir: Path) -> None:
+    script = "echo out; printf 'x\\000y\\377' >&2; exit 3"
+    done = keepers.run(spec_for(sdir, ["sh", "-c", script]))
+    assert done.ok, done.stderr
     assert (sdir / "output.log").read_bytes() == b"out\nx\x00y\xff"
     record = exit_record(sdir)
     assert record["state"] == "exited"
@@ -103,9 +119,11 @@ def test_output_and_exit_record(sdir: Path) -> None:
         (["true"], "/nonexistent-dir-xyz", "working directory '/nonexistent-dir-xyz'"),
     ],
 )
-def test_failed_start(sdir: Path, argv: list[str], cwd: str, words: str) -> None:
-    done = run_keeper(spec_for(sdir, argv, cwd=cwd))
-    assert done.returncode == 0, done.stderr
+def test_failed_start(
+    keepers: KeeperRunner, sdir: Path, argv: list[str], cwd: str, words: str
+) -> None:
+    done = keepers.run(spec_for(sdir, argv, cwd=cwd))
+    assert done.ok, done.stderr
     record = exit_record(sdir)
     assert record["state"] == "failed_start"
     assert words in record["reason"]
@@ -114,25 +132,57 @@ def test_failed_start(sdir: Path, argv: list[str], cwd: str, words: str) -> None
     assert not (sdir / "keeper.json").exists()
 
 
-def test_worker_gets_default_signal_dispositions(sdir: Path) -> None:
+def test_worker_gets_default_signal_dispositions(keepers: KeeperRunner, sdir: Path) -> None:
     # The keeper ignores SIGPIPE/SIGHUP/SIGXFSZ; its worker must not inherit that.
     script = "grep -E '^Sig(Ign|Blk)' /proc/self/status"
-    run_keeper(spec_for(sdir, ["sh", "-c", script]))
+    keepers.run(spec_for(sdir, ["sh", "-c", script]))
     lines = dict(line.split(":\t") for line in (sdir / "output.log").read_text().splitlines())
     assert int(lines["SigIgn"], 16) == 0
     assert int(lines["SigBlk"], 16) == 0
 
 
-def test_pty_mode_has_a_terminal_and_a_size(sdir: Path) -> None:
-    done = run_keeper(spec_for(sdir, ["sh", "-c", "tty; stty size; exit 4"], pty=True))
-    assert done.returncode == 0, done.stderr
+def test_worker_holds_only_its_stdio(keepers: KeeperRunner, sdir: Path) -> None:
+    # Nothing of the launcher, the fork server or the keeper reaches the worker: not the
+    # ready pipe, not the gate, not the server's socket, not another spawn's descriptors.
+    ready_r, ready_w = os.pipe()
+    try:
+        spec = spec_for(sdir, ["sh", "-c", "ls /proc/$$/fd"], ready_fd=ready_w)
+        (sdir / "spec.json").write_text(json.dumps(spec))
+        os.mkfifo(sdir / "stdin", 0o600)
+        keeper = keepers.start(sdir / "spec.json", pass_fds=(ready_w,))
+        os.close(ready_w)
+        ready_w = -1
+        assert os.read(ready_r, 1) == b"1"
+        keeper.wait(10)
+        keeper.close()
+    finally:
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
+    assert (sdir / "output.log").read_text().split() == ["0", "1", "2"]
+
+
+def test_output_times_note_when_output_arrived(keepers: KeeperRunner, sdir: Path) -> None:
+    keepers.run(spec_for(sdir, ["sh", "-c", "echo one; sleep 0.2; echo two"]))
+    lines = (sdir / "output.times").read_text().splitlines()
+    notes = {int(offset): float(at) for offset, at in (line.split() for line in lines)}
+    assert sorted(notes) == [0, 4]  # each line's first byte, where it arrived in the log
+    record = exit_record(sdir)
+    # Notes are written to the millisecond.
+    assert record["started_at"] - 0.001 <= notes[0] < notes[0] + 0.15 <= notes[4]
+    assert notes[4] <= record["finished_at"] + 0.001
+
+
+def test_pty_mode_has_a_terminal_and_a_size(keepers: KeeperRunner, sdir: Path) -> None:
+    done = keepers.run(spec_for(sdir, ["sh", "-c", "tty; stty size; exit 4"], pty=True))
+    assert done.ok, done.stderr
     out = (sdir / "output.log").read_bytes()
     assert b"/dev/pts/" in out and b"24 80" in out
     assert exit_record(sdir)["exit_code"] == 4
 
 
-def test_log_cap_keeps_the_head_and_counts_the_rest(sdir: Path) -> None:
-    run_keeper(spec_for(sdir, ["sh", "-c", "seq 1 20000"], max_log_bytes=4096))
+def test_log_cap_keeps_the_head_and_counts_the_rest(keepers: KeeperRunner, sdir: Path) -> None:
+    keepers.run(spec_for(sdir, ["sh", "-c", "seq 1 20000"], max_log_bytes=4096))
     log = (sdir / "output.log").read_bytes()
     expected = "".join(f"{i}\n" for i in range(1, 20001)).encode()
     assert log.startswith(expected[:4096])
@@ -142,10 +192,12 @@ def test_log_cap_keeps_the_head_and_counts_the_rest(sdir: Path) -> None:
     assert record["dropped_bytes"] == len(expected) - 4096
 
 
-def test_timeout_kills_the_group_even_when_term_is_ignored(sdir: Path) -> None:
+def test_timeout_kills_the_group_even_when_term_is_ignored(
+    keepers: KeeperRunner, sdir: Path
+) -> None:
     script = "trap '' TERM; (trap '' TERM; sleep 30) & echo up; sleep 30"
     started = time.monotonic()
-    run_keeper(spec_for(sdir, ["sh", "-c", script], timeout=0.3, kill_grace=0.3))
+    keepers.run(spec_for(sdir, ["sh", "-c", script], timeout=0.3, kill_grace=0.3))
     assert time.monotonic() - started < 10
     record = exit_record(sdir)
     assert record["state"] == "timed_out"
@@ -153,94 +205,96 @@ def test_timeout_kills_the_group_even_when_term_is_ignored(sdir: Path) -> None:
     assert "timed out after 0.3s" in record["reason"]
 
 
-def test_exit_is_recorded_while_a_descendant_holds_the_output(sdir: Path) -> None:
+def test_exit_is_recorded_while_a_descendant_holds_the_output(
+    keepers: KeeperRunner, sdir: Path
+) -> None:
     script = "(sleep 0.6; echo late) & echo early; exit 5"
-    (sdir / "spec.json").write_text(json.dumps(spec_for(sdir, ["sh", "-c", script], drain_time=5)))
-    os.mkfifo(sdir / "stdin", 0o600)
-    proc = subprocess.Popen([PYTHON, "-I", "-S", str(KEEPER_SCRIPT), str(sdir / "spec.json")])
+    keeper = start_on(keepers, sdir, spec_for(sdir, ["sh", "-c", script], drain_time=5))
     try:
         # The record appears while the keeper still captures (the descendant sleeps on).
         wait_for(lambda: (sdir / "exit.json").exists(), 5, what="exit.json")
         first = exit_record(sdir)
         assert first["exit_code"] == 5 and first["final"] is False
-        assert proc.poll() is None
-        proc.wait(timeout=10)
+        assert keeper.alive()
+        keeper.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        keeper.close()
     assert (sdir / "output.log").read_bytes() == b"early\nlate\n"
     final = exit_record(sdir)
     assert final["final"] is True and final["total_bytes"] == len(b"early\nlate\n")
 
 
-def test_gate_eof_means_exit_without_touching_anything(sdir: Path) -> None:
+def test_gate_eof_means_exit_without_touching_anything(keepers: KeeperRunner, sdir: Path) -> None:
     (sdir / "spec.json").write_text(json.dumps(spec_for(sdir, ["touch", str(sdir / "ran")])))
-    read_end, write_end = os.pipe()
-    os.close(write_end)
-    env = {"DISPATCH_SCOPE_GATE_FD": str(read_end)}
-    done = subprocess.run(
-        [PYTHON, "-I", "-S", str(KEEPER_SCRIPT), str(sdir / "spec.json")],
-        env=env,
-        pass_fds=(read_end,),
-        timeout=10,
-        check=False,
-    )
-    os.close(read_end)
-    assert done.returncode == 0
+    keeper = keepers.start(sdir / "spec.json", gate=False)
+    try:
+        assert keeper.wait(10) in (0, None)
+        assert keeper.stderr == ""
+    finally:
+        keeper.close()
     assert not (sdir / "ran").exists()
     assert not (sdir / "output.log").exists()
 
 
-def test_forwards_sigterm_and_survives_sighup(sdir: Path) -> None:
-    (sdir / "spec.json").write_text(
-        json.dumps(spec_for(sdir, ["sh", "-c", "echo up; exec sleep 30"]))
-    )
-    os.mkfifo(sdir / "stdin", 0o600)
-    proc = subprocess.Popen([PYTHON, "-I", "-S", str(KEEPER_SCRIPT), str(sdir / "spec.json")])
+def test_forwards_sigterm_and_survives_sighup(keepers: KeeperRunner, sdir: Path) -> None:
+    keeper = start_on(keepers, sdir, spec_for(sdir, ["sh", "-c", "echo up; exec sleep 30"]))
     try:
         wait_for(lambda: (sdir / "keeper.json").exists(), 10, what="keeper.json")
         wait_for(lambda: (sdir / "output.log").read_bytes() == b"up\n", 5, what="output")
-        proc.send_signal(signal.SIGHUP)  # forwarded; sleep dies of it, the keeper does not
+        keeper.send_signal(signal.SIGHUP)  # forwarded; sleep dies of it, the keeper does not
         wait_for(lambda: (sdir / "exit.json").exists(), 5, what="exit.json")
         record = exit_record(sdir)
         assert record["signal"] == "SIGHUP"
         assert record["forwarded_signals"] == ["SIGHUP"]
-        assert proc.wait(timeout=10) == 0
+        assert keeper.wait(10) in (0, None)
+        assert keeper.stderr == ""
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        keeper.close()
 
 
-def test_keeper_rss_is_small(sdir: Path) -> None:
-    (sdir / "spec.json").write_text(json.dumps(spec_for(sdir, ["sleep", "30"])))
-    os.mkfifo(sdir / "stdin", 0o600)
-    proc = subprocess.Popen([PYTHON, "-I", "-S", str(KEEPER_SCRIPT), str(sdir / "spec.json")])
+def test_forwards_sigterm_to_the_group(keepers: KeeperRunner, sdir: Path) -> None:
+    script = "trap 'echo term; exit 7' TERM; echo up; while :; do sleep 0.05; done"
+    keeper = start_on(keepers, sdir, spec_for(sdir, ["sh", "-c", script]))
     try:
         wait_for(lambda: (sdir / "keeper.json").exists(), 10, what="keeper.json")
-        status = Path(f"/proc/{proc.pid}/status").read_text()
+        wait_for(lambda: (sdir / "output.log").read_bytes() == b"up\n", 10, what="output")
+        keeper.send_signal(signal.SIGTERM)
+        keeper.wait(10)
+    finally:
+        keeper.close()
+    record = exit_record(sdir)
+    assert record["exit_code"] == 7 and record["forwarded_signals"] == ["SIGTERM"]
+    # The whole group got it: sh's trap ran (and its sleep died of it, which sh may report).
+    log = (sdir / "output.log").read_bytes()
+    assert log.startswith(b"up\n") and log.endswith(b"term\n")
+
+
+def test_keeper_rss_is_small(keepers: KeeperRunner, sdir: Path) -> None:
+    keeper = start_on(keepers, sdir, spec_for(sdir, ["sleep", "30"]))
+    try:
+        wait_for(lambda: (sdir / "keeper.json").exists(), 10, what="keeper.json")
+        status = Path(f"/proc/{keeper.pid}/status").read_text()
         rss_kb = int(
             next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]
         )
         assert rss_kb < 16 * 1024  # the benchmark's target is 12 MB; this only guards regressions
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+        keeper.send_signal(signal.SIGTERM)
+        keeper.wait(10)
+        keeper.close()
 
 
 # -- a full disk -------------------------------------------------------------------------------
 
 
-def test_file_size_limit_counts_lost_bytes_and_still_writes_the_record(sdir: Path) -> None:
+def test_file_size_limit_counts_lost_bytes_and_still_writes_the_record(
+    keepers: KeeperRunner, sdir: Path
+) -> None:
     limit = 64 * 1024
-
-    def limit_files() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
     script = "head -c 300000 /dev/zero; echo done >&2"
-    done = run_keeper(spec_for(sdir, ["sh", "-c", script]), preexec_fn=limit_files)
-    assert done.returncode == 0, done.stderr
+    limits = {resource.RLIMIT_FSIZE: (limit, limit)}
+    done = keepers.run(spec_for(sdir, ["sh", "-c", script]), limits=limits)
+    assert done.ok, done.stderr
     record = exit_record(sdir)
     assert record["state"] == "exited" and record["exit_code"] == 0
     assert record["total_bytes"] == 300000 + len("done\n")
@@ -270,7 +324,7 @@ def small_tmpfs(tmp_path: Path) -> Any:
 
 
 def test_full_disk_is_counted_marked_and_the_record_is_written(
-    small_tmpfs: Path, tmp_path: Path
+    keepers: KeeperRunner, small_tmpfs: Path, tmp_path: Path
 ) -> None:
     sdir = small_tmpfs / "s"
     sdir.mkdir(mode=0o700)
@@ -280,9 +334,7 @@ def test_full_disk_is_counted_marked_and_the_record_is_written(
     with open(filler, "wb") as f:
         f.write(b"\0" * (160 * 1024))
     script = f"head -c 300000 /dev/zero; while [ ! -e {go} ]; do sleep 0.02; done; echo after"
-    (sdir / "spec.json").write_text(json.dumps(spec_for(sdir, ["sh", "-c", script])))
-    os.mkfifo(sdir / "stdin", 0o600)
-    proc = subprocess.Popen([PYTHON, "-I", "-S", str(KEEPER_SCRIPT), str(sdir / "spec.json")])
+    keeper = start_on(keepers, sdir, spec_for(sdir, ["sh", "-c", script]))
     try:
         wait_for(
             lambda: (sdir / "keeper.json").exists() and _disk_full(small_tmpfs),
@@ -291,11 +343,9 @@ def test_full_disk_is_counted_marked_and_the_record_is_written(
         )
         filler.unlink()  # space again: the next output comes after a marker line
         go.touch()
-        assert proc.wait(timeout=15) == 0
+        assert keeper.wait(15) in (0, None)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        keeper.close()
     record = exit_record(sdir)
     assert record["exit_code"] == 0
     assert record["total_bytes"] == 300000 + len("after\n")

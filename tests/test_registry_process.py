@@ -1,4 +1,6 @@
-"""ProcessRegistry with real keepers and real workers, placed in_process (no systemd needed)."""
+"""ProcessRegistry with real keepers and real workers, placed in_process (no systemd needed),
+over both start paths (every registry and launcher here starts its keepers one way or the
+other: see tests/support/keepers.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from scope.fake import FakeScoper
 from scope.foundation.clock import FakeClock
 from scope.foundation.errors import NotFoundError, UsageError
 from scope.foundation.ids import AmbiguousId
+from tests.support.keepers import over_both_start_paths  # noqa: F401 - autouse, parametrized
 from tests.support.leaks import LeakGuard
 from tests.support.wait import wait_for
 from tests.test_registry_support import (
@@ -73,6 +76,12 @@ def test_ten_megabytes_byte_exact(registry: ProcessRegistry, tmp_path: Path) -> 
     assert done.exit_code == 0
     assert Path(done.log_path).read_bytes() == payload.read_bytes()
     assert done.total_bytes == payload.stat().st_size == 10 * 1024 * 1024
+
+
+def test_a_worker_holds_only_its_stdio(registry: ProcessRegistry) -> None:
+    # Nothing of the registry, its fork server or the keeper reaches the worker.
+    session = registry.spawn(request(["sh", "-c", "ls /proc/$$/fd"]))
+    assert registry.wait(session.id, timeout=10).snapshot.output.split() == ["0", "1", "2"]
 
 
 def test_invalid_utf8_and_nul_are_kept_raw_and_replaced_in_text(registry: ProcessRegistry) -> None:
@@ -323,7 +332,11 @@ def test_adopt_finalizes_finished_and_marks_vanished_lost(tmp_path: Path) -> Non
         wait_for(lambda: Path(finished.log_path).with_name("exit.json").exists(), 5, what="exit")
         os.kill(vanished.keeper_pid or 0, signal.SIGKILL)
         os.kill(vanished.worker_pid or 0, signal.SIGKILL)
-        registry.tracking.children[vanished.id].wait(timeout=5)  # reaped: the pid is free again
+        child = registry.tracking.child(vanished.id)  # ours, or reaped by the fork server
+        if child is not None:
+            child.wait(timeout=5)  # reaped: the pid is free again
+        keeper = Identity(pid=vanished.keeper_pid or 0, start=vanished.keeper_start or 0)
+        wait_for(lambda: not alive(keeper), 5, what="the keeper gone")
     with open_registry(state) as fresh:
         seen: list[str] = []
         fresh.add_finish_listener(lambda s: seen.append(s.id))

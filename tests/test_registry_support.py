@@ -13,6 +13,7 @@ import textwrap
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from registry.abc import Owner, SpawnRequest
 from registry.environment import MARKER_ENV
@@ -22,9 +23,10 @@ from registry.process import KEEPER_SCRIPT, ProcessRegistry
 from registry.settings import RegistrySettings
 from registry.store.database import StateDB
 from registry.store.tables import COMPONENT
-from scope.abc import CallerKind, Scoper
+from scope.abc import CallerKind, Scoper, Starter
 from scope.fake import FakeScoper
 from scope.foundation.clock import Clock
+from tests.support.keepers import current, keeper_starter
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -65,32 +67,38 @@ def open_registry(
     cleanup: bool = True,
     clock: Clock | None = None,
     hooks: OutputHooks | None = None,
+    starter: Starter | None = None,
     **setting_overrides: object,
 ) -> Iterator[ProcessRegistry]:
     """A ProcessRegistry on ``state_dir`` (database opened and closed with it). ``cleanup``
-    kills what still runs when the block ends (reading sessions also reconciles them)."""
-    db = StateDB.in_dir(state_dir, [COMPONENT])
-    registry = ProcessRegistry(
-        state_dir=state_dir,
-        db=db,
-        scoper=scoper or unscoped(),
-        settings=settings(**setting_overrides),
-        follow=follow,
-        protect_gateway=protect_gateway,
-        clock=clock,
-        hooks=hooks,
-    )
-    try:
-        yield registry
-    finally:
+    kills what still runs when the block ends (reading sessions also reconciles them). Its
+    keepers start the way :func:`tests.support.keepers.current` says (a fork server of its
+    own on the ``fork_server`` path), unless ``starter`` names the one to use."""
+    with keeper_starter(state_dir, None if starter is None else "direct") as own:
+        starter = starter or own
+        db = StateDB.in_dir(state_dir, [COMPONENT])
+        registry = ProcessRegistry(
+            state_dir=state_dir,
+            db=db,
+            scoper=scoper or unscoped(),
+            settings=settings(**setting_overrides),
+            follow=follow,
+            protect_gateway=protect_gateway,
+            clock=clock,
+            hooks=hooks,
+            starter=starter,
+        )
         try:
-            # A failed test must not leave workers behind: stop whatever still runs here.
-            for session in registry.list_sessions() if cleanup else ():
-                with contextlib.suppress(Exception):
-                    registry.kill(session.id, grace=0.2)
+            yield registry
         finally:
-            registry.close()
-            db.close()
+            try:
+                # A failed test must not leave workers behind: stop whatever still runs here.
+                for session in registry.list_sessions() if cleanup else ():
+                    with contextlib.suppress(Exception):
+                        registry.kill(session.id, grace=0.2)
+            finally:
+                registry.close()
+                db.close()
 
 
 def stop_all(state_dir: Path, scoper: Scoper | None = None) -> None:
@@ -155,6 +163,7 @@ def run_keeper(
 LAUNCHER = textwrap.dedent(
     """
     import json, os, sys, time
+    from pathlib import Path
     sys.path.insert(0, {repo!r})
     from registry.abc import Owner, SpawnRequest
     from registry.process import ProcessRegistry
@@ -163,6 +172,11 @@ LAUNCHER = textwrap.dedent(
     from registry.store.tables import COMPONENT
     from scope.abc import CallerKind
     spec = json.loads(sys.argv[1])
+    starter = None
+    if spec.get("fork_server"):
+        from registry.keeper.forkserver import ForkServer
+        starter = ForkServer(cache_dir=Path(spec["state_dir"]) / "cache", reply_timeout=30.0)
+        assert starter.open()
     if spec.get("env"):
         from scope import open_scoper
         from scope.abc import Policy
@@ -173,27 +187,42 @@ LAUNCHER = textwrap.dedent(
         scoper = FakeScoper(probe_ok=False)
     db = StateDB.in_dir(spec["state_dir"], [COMPONENT])
     registry = ProcessRegistry(state_dir=spec["state_dir"], db=db, scoper=scoper,
-                               settings=RegistrySettings(kill_grace=0.5), follow=True)
+                               settings=RegistrySettings(kill_grace=0.5), follow=True,
+                               starter=starter)
     session = registry.spawn(SpawnRequest(
         argv=spec["argv"], cwd="/", env=dict(os.environ), owner=Owner(kind="test", id="l"),
         caller=CallerKind.CLI, timeout=spec.get("timeout")))
+    forked = starter.stats().forked if starter else 0
     print(json.dumps({{"id": session.id, "placement": session.placement.value,
-                      "unit": session.unit}}), flush=True)
+                      "unit": session.unit, "forked": forked}}), flush=True)
     time.sleep(600)
     """
 ).format(repo=str(REPO))
 
 
 def start_launcher(
-    state_dir: Path, argv: list[str], *, env: Mapping[str, str] | None = None, **extra: object
-) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    """A separate launcher process that spawns ``argv`` and then just sleeps (to be killed)."""
+    state_dir: Path,
+    argv: list[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    **extra: object,
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """A separate launcher process that spawns ``argv`` and then just sleeps (to be killed);
+    on the ``fork_server`` path through a fork server of its own, which ends with it."""
     import json
 
-    spec = {"state_dir": str(state_dir), "argv": argv, "env": dict(env) if env else None, **extra}
+    spec = {
+        "state_dir": str(state_dir),
+        "argv": argv,
+        "env": dict(env) if env else None,
+        "fork_server": current() == "fork_server",
+        **extra,
+    }
     proc = subprocess.Popen(
         [PYTHON, "-c", LAUNCHER, json.dumps(spec)],
         stdout=subprocess.PIPE,
+        preexec_fn=preexec_fn,
         text=True,
     )
     assert proc.stdout is not None

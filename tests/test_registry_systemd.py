@@ -1,4 +1,5 @@
-"""ProcessRegistry with real systemd scopes (the real-systemd tier)."""
+"""ProcessRegistry with real systemd scopes (the real-systemd tier), over both keeper start
+paths: a keeper forked by the fork server is placed into its scope by pid like any other."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from registry.process import ProcessRegistry
 from scope import open_scoper
 from scope.abc import Placement, Policy, Scoper
 from scope.settings import ScopeSettings
+from tests.support.keepers import over_both_start_paths  # noqa: F401 - autouse, parametrized
 from tests.support.systemd import SystemdManager
 from tests.support.wait import wait_for
 from tests.test_registry_support import (

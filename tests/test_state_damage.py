@@ -255,7 +255,10 @@ def test_serve_keeps_workers_when_the_database_goes_bad(tmp_path: Path) -> None:
     finally:
         serve.stop()
     log = serve.log()
-    assert log.count("damaged (database disk image is malformed); check it") <= 4, log
+    # Once per component that meets it (the dispatcher, the registry follower, the cron stop,
+    # the final bookkeeping), plus a repeat where a read happened to succeed in between; a
+    # line per poll would be dozens.
+    assert log.count("damaged (database disk image is malformed); check it") <= 6, log
     assert "Traceback" not in log
 
 

@@ -17,7 +17,7 @@ mode, so a single host's commands start as fast as before.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,9 +25,6 @@ from typing import TYPE_CHECKING
 from dispatcher.app.database import open_state
 from dispatcher.kanban.store import SqlBoardStore, SqliteBoardStore
 from dispatcher.launch.outbox import Outbox
-from dispatcher.notify.store import NotifyStore
-from dispatcher.settings import Settings
-from dispatcher.tokens.store import TokenStore
 from registry.store.database import StateDB
 from scope.foundation.clock import Clock, SystemClock
 
@@ -36,8 +33,18 @@ if TYPE_CHECKING:
     from dispatcher.cluster.database import ClusterDB
     from dispatcher.cluster.hosts import Hosts
     from dispatcher.cron.ledger import Ledger
+    from dispatcher.launch.outbox import Route
+    from dispatcher.notify.store import NotifyStore
+    from dispatcher.settings import Settings
+    from dispatcher.tokens.store import TokenStore
 
-__all__ = ["ClusterState", "DatabaseClock", "cluster_url", "open_cluster_state"]
+__all__ = [
+    "ClusterState",
+    "DatabaseClock",
+    "cluster_url",
+    "open_cluster_state",
+    "open_local_state",
+]
 
 
 def cluster_url(settings: Settings, environ: Mapping[str, str]) -> str | None:
@@ -141,6 +148,8 @@ class ClusterState:
     def notify_store(self) -> NotifyStore:
         """The notification outbox beside the board (cluster mode: claims skip locked rows,
         and take no board lock)."""
+        from dispatcher.notify.store import NotifyStore
+
         if self.db is not None:
             db = self.db
             return NotifyStore(db.read, lambda: db.write(None), skip_locked=True)
@@ -149,6 +158,8 @@ class ClusterState:
     def token_store(self) -> TokenStore:
         """The HTTP API's tokens beside the board (cluster mode: every host's web accepts
         them)."""
+        from dispatcher.tokens.store import TokenStore
+
         if self.db is not None:
             db = self.db
             return TokenStore(db.read, lambda: db.write(None))
@@ -200,11 +211,7 @@ def open_cluster_state(
     db_local = open_state(Path(state_dir)) if local is None else local
     url = cluster_url(settings, environ)
     if url is None:
-        state = ClusterState(
-            board=SqliteBoardStore(db_local),
-            local=db_local,
-            owns_local=owns_local,
-        )
+        state = _single_host(db_local, owns_local)
     else:
         try:
             state = _open_cluster(
@@ -214,11 +221,29 @@ def open_cluster_state(
             if owns_local:
                 db_local.close()
             raise
+    _route(state, settings.notify.routes())
+    return state
+
+
+def open_local_state(state_dir: Path, routes: Sequence[Route]) -> ClusterState:
+    """A single host's cluster state (the state dir's SQLite file) with its events routed by
+    ``routes``: what :func:`open_cluster_state` opens when no cluster database is set, for a
+    caller that knows the notification routes but not the whole settings (the short write
+    commands' config snapshot, :mod:`dispatcher.app.snapshot`)."""
+    state = _single_host(open_state(Path(state_dir)), True)
+    _route(state, routes)
+    return state
+
+
+def _single_host(local: StateDB, owns_local: bool) -> ClusterState:
+    return ClusterState(board=SqliteBoardStore(local), local=local, owns_local=owns_local)
+
+
+def _route(state: ClusterState, routes: Sequence[Route]) -> None:
     # Every process that changes the board routes its events to the outbox the same way.
     # Always an outbox (maybe routing nothing): a reload that adds rules changes its routes.
-    state.outbox = Outbox(settings.notify.routes())
+    state.outbox = Outbox(routes)
     state.board.outbox = state.outbox
-    return state
 
 
 def _open_cluster(

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from dispatcher.cron.tables import COMPONENT as CRON_COMPONENT
 from dispatcher.kanban.tables import COMPONENT as KANBAN_COMPONENT
+from dispatcher.launch.tables import COMPONENT as LIMITS_COMPONENT
 from dispatcher.notify.tables import COMPONENT as NOTIFY_COMPONENT
-from dispatcher.rollup import COMPONENT as HISTORY_COMPONENT
+from dispatcher.rolluptables import COMPONENT as HISTORY_COMPONENT
 from dispatcher.tokens.tables import COMPONENT as TOKENS_COMPONENT
 from registry.store.database import Component, StateDB
 from registry.store.tables import COMPONENT as REGISTRY_COMPONENT
@@ -27,6 +28,7 @@ def components() -> list[Component]:
         CRON_COMPONENT,
         NOTIFY_COMPONENT,
         TOKENS_COMPONENT,
+        LIMITS_COMPONENT,
         HISTORY_COMPONENT,
     ]
 

@@ -24,17 +24,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dispatcher.cluster.settings import ENV_URL, ClusterSettings
-from dispatcher.cluster.url import without_password
-from dispatcher.settings import Settings
+from dispatcher.cluster.url import ENV_URL, without_password
 
 if TYPE_CHECKING:
     from dispatcher.cron.records import FireRecord
+    from dispatcher.settings import Settings
 
 __all__ = [
     "ENV_FIRE_KEY",
     "ENV_HOST_ID",
     "ENV_PASSWORD_FILE",
+    "captured",
     "captured_settings",
     "defer_fire",
     "spawn_environ",
@@ -59,6 +59,12 @@ def spawn_environ(settings: Settings, environ: Mapping[str, str]) -> dict[str, s
     return layered
 
 
+def captured(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` is a worker's captured one: a run id or a fire key, and a host id."""
+    worker = environ.get("DISPATCH_RUN_ID") or environ.get(ENV_FIRE_KEY)
+    return bool(worker and environ.get(ENV_HOST_ID))
+
+
 def captured_settings(settings: Settings, environ: Mapping[str, str]) -> Settings | None:
     """``settings`` with the cluster section replaced by what the run was started with, or
     None when ``environ`` is not a worker's captured one (no run id or fire key, or no host
@@ -67,10 +73,12 @@ def captured_settings(settings: Settings, environ: Mapping[str, str]) -> Setting
     The config's own ``cluster.database`` is ignored: a worker started on one host's SQLite
     reports there even if the operator has since turned cluster mode on, and the other way
     round."""
-    host_id = environ.get(ENV_HOST_ID)
-    worker = environ.get("DISPATCH_RUN_ID") or environ.get(ENV_FIRE_KEY)
-    if not worker or not host_id:
+    if not captured(environ):
         return None
+    host_id = environ[ENV_HOST_ID]
+    # Imported here: a worker's report with a current config snapshot never gets this far.
+    from dispatcher.cluster.settings import ClusterSettings
+
     cluster = ClusterSettings(
         database=None, password_file=environ.get(ENV_PASSWORD_FILE) or None, host_id=host_id
     )

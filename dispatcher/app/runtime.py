@@ -17,11 +17,12 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.app.database import open_state
+from dispatcher.app.keepers import keeper_stats, open_fork_server
 from dispatcher.settings import Settings
-from registry.process import ProcessRegistry
+from registry.process import ForkServer, ProcessRegistry
 from registry.store.database import StateDB
 from scope import open_scoper, policy_from
 from scope.abc import (
@@ -35,6 +36,11 @@ from scope.abc import (
     StopResult,
 )
 from scope.foundation.clock import Clock
+
+if TYPE_CHECKING:
+    from dispatcher.kanban.abc import BoardStore
+    from dispatcher.kanban.faults import FaultPoint
+    from dispatcher.kanban.tick import KanbanDispatcher
 
 __all__ = ["CommandScope", "Runtime", "open_runtime", "policy_of", "runtime_from_context"]
 
@@ -131,6 +137,8 @@ class Runtime:
     caller_kind: CallerKind
     owns_scoper: bool = True
     """False when the caller handed in the scoper (then the caller closes it)."""
+    fork_server: ForkServer | None = None
+    """The keeper fork server this runtime started (closed with it; its keepers live on)."""
     _closed: bool = field(default=False, repr=False)
 
     def close(self) -> None:
@@ -147,7 +155,44 @@ class Runtime:
                 if self.owns_scoper:
                     self.scoper.close()
             finally:
-                self.db.close()
+                try:
+                    if self.fork_server is not None:
+                        self.fork_server.close()
+                finally:
+                    self.db.close()
+
+    def keeper_stats(self) -> dict[str, Any] | None:
+        """What the fork server did (None without one), as the status file keeps it."""
+        return keeper_stats(self.fork_server)
+
+    def kanban_dispatcher(
+        self,
+        store: BoardStore,
+        settings: Settings,
+        environ: Mapping[str, str],
+        *,
+        config_path: Path | None,
+        adopt: bool,
+        fault: FaultPoint | None = None,
+    ) -> KanbanDispatcher:
+        """The kanban dispatcher on this runtime's registry and scoper, for ``settings`` (its
+        kanban section and named limits): the gateway's and a command's are made alike."""
+        from dispatcher.app.reports import spawn_environ
+        from dispatcher.kanban.tick import KanbanDispatcher
+
+        return KanbanDispatcher(
+            store=store,
+            registry=self.registry,
+            settings=settings.kanban,
+            state_dir=self.state_dir,
+            caller=self.caller_kind,
+            config_path=config_path,
+            environ=spawn_environ(settings, environ),
+            scoper=self.scoper,
+            adopt=adopt,
+            fault=fault,
+            limits=settings.limits,
+        )
 
     def __enter__(self) -> Runtime:
         return self
@@ -166,6 +211,7 @@ def open_runtime(
     protect_gateway: bool = False,
     clock: Clock | None = None,
     scoper: Scoper | None = None,
+    fork_server: bool = False,
 ) -> Runtime:
     """Open the state database (migrating it), a lazily opened real scoper (or ``scoper``,
     which the caller keeps and closes) and a :class:`~registry.process.ProcessRegistry` on
@@ -174,8 +220,17 @@ def open_runtime(
     ``follow``: run the registry's follower thread (long-lived callers and ``--wait``).
     ``protect_gateway``: refuse commands that would kill this process by name (the gateway).
     ``environ`` is where the bus is discovered from; it is copied, never mutated.
+    ``fork_server``: start keepers from a fork server (:mod:`dispatcher.app.keepers`; unless
+    ``registry.fork_server`` is off), started here before any thread of the runtime.
     """
     db = open_state(Path(state_dir))
+    try:
+        # Before the registry and the scoper exist, so before any thread of theirs (the
+        # server is exec'd fresh anyway: nothing of this process's threads reaches it).
+        server = open_fork_server(settings, Path(state_dir), environ) if fork_server else None
+    except BaseException:
+        db.close()
+        raise
     own_scoper = scoper is None
     chosen: Scoper = scoper if scoper is not None else LazyScoper(settings, environ, clock)
     try:
@@ -187,10 +242,13 @@ def open_runtime(
             clock=clock,
             protect_gateway=protect_gateway,
             follow=follow,
+            starter=server,
         )
     except BaseException:
         if own_scoper:
             chosen.close()
+        if server is not None:
+            server.close()
         db.close()
         raise
     return Runtime(
@@ -201,6 +259,7 @@ def open_runtime(
         registry=registry,
         caller_kind=caller_kind,
         owns_scoper=own_scoper,
+        fork_server=server,
     )
 
 

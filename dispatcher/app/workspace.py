@@ -1,5 +1,5 @@
-"""A board opened for one command: database, store, validated actions and, only when needed,
-the registry and dispatcher.
+"""A board opened for one command (:class:`~dispatcher.app.openboard.OpenBoard`: database,
+store, validated actions) with, only when needed, the registry and dispatcher.
 
 Commands that merely add or edit cards never start the scope layer or the registry. Board reads
 reconcile first (so a finished worker's card shows its final state), but open the registry
@@ -17,13 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dispatcher.app.clusterstate import ClusterState, open_cluster_state
-from dispatcher.app.database import open_state
-from dispatcher.app.reports import spawn_environ
-from dispatcher.app.wake import poke
-from dispatcher.kanban.board import Board
-from dispatcher.kanban.store import SqlBoardStore
-from dispatcher.settings import Settings
+from dispatcher.app.clusterstate import open_cluster_state
+from dispatcher.app.openboard import OpenBoard
 from scope.abc import CallerKind
 from scope.foundation.clock import Clock
 
@@ -31,6 +26,7 @@ if TYPE_CHECKING:
     from dispatcher.app.runtime import Runtime
     from dispatcher.kanban.report import Closed, TickReport
     from dispatcher.kanban.tick import KanbanDispatcher
+    from dispatcher.settings import Settings
     from registry.abc import Registry
 
 
@@ -40,7 +36,7 @@ NO_LEASE_WARNING = (
 )
 
 
-class Workspace:
+class Workspace(OpenBoard):
     """Everything a ``dispatch kanban`` command works with (see the module docstring)."""
 
     def __init__(
@@ -54,34 +50,20 @@ class Workspace:
         clock: Clock | None = None,
     ) -> None:
         self.settings = settings
-        self.state_dir = Path(state_dir)
         self.environ = dict(environ)
         self.config_path = config_path
         self.caller = caller
-        self.db = open_state(self.state_dir)
-        try:
-            self.cluster: ClusterState = open_cluster_state(
-                settings, self.state_dir, self.environ, local=self.db
-            )
-        except BaseException:
-            self.db.close()
-            raise
-        # Cluster mode: the database's clock, so a defer's time or a claim's "now" mean the
-        # same on every host.
-        self.clock: Clock = clock or self.cluster.clock
-        self.store: SqlBoardStore = self.cluster.board
-        self.board = Board(
-            self.store, settings.kanban, registry=self.registry, state_dir=self.state_dir
-        )
         self._runtime: Runtime | None = None
         self._dispatcher: KanbanDispatcher | None = None
-        self._opened_version = self.store.board_version()
+        super().__init__(
+            open_cluster_state(settings, Path(state_dir), self.environ),
+            settings.kanban,
+            state_dir=state_dir,
+            registry=self.registry,
+            clock=clock,
+        )
 
-    def now(self) -> float:
-        """The current wall time (the cluster database's in cluster mode)."""
-        return self.clock.time()
-
-    def _open_runtime(self) -> Runtime:
+    def _open_runtime(self, *, fork_server: bool = False) -> Runtime:
         if self._runtime is None:
             # Imported on demand: adding a card must not pay for the registry and scope layer.
             from dispatcher.app.runtime import open_runtime
@@ -94,6 +76,7 @@ class Workspace:
                 follow=False,
                 protect_gateway=False,
                 clock=self.clock,
+                fork_server=fork_server,
             )
         return self._runtime
 
@@ -106,18 +89,12 @@ class Workspace:
         if self._dispatcher is None:
             # Imported here: adding or editing a card never needs the dispatcher.
             from dispatcher.kanban.faults import FaultPoint
-            from dispatcher.kanban.tick import KanbanDispatcher
 
-            runtime = self._open_runtime()
-            self._dispatcher = KanbanDispatcher(
-                store=self.store,
-                registry=runtime.registry,
-                settings=self.settings.kanban,
-                state_dir=self.state_dir,
-                caller=self.caller,
+            self._dispatcher = self._open_runtime().kanban_dispatcher(
+                self.store,
+                self.settings,
+                self.environ,
                 config_path=self.config_path,
-                environ=spawn_environ(self.settings, self.environ),
-                scoper=runtime.scoper,
                 adopt=True,
                 fault=FaultPoint.from_environ(self.environ),
             )
@@ -134,10 +111,23 @@ class Workspace:
             if not self.cluster.lease_live():
                 room, warning = 0, NO_LEASE_WARNING
             max_claims = room if max_claims is None else min(max_claims, room)
+        if not dry_run and self._runtime is None:
+            from dispatcher.app.keepers import MANY_WORKERS  # not on the path of 'kanban add'
+
+            # Many workers to start: their keepers are forked, not started one by one.
+            self._open_runtime(fork_server=self._may_start(max_claims) >= MANY_WORKERS)
         report = self.dispatcher().tick(self.now(), max_claims=max_claims, dry_run=dry_run)
         if warning is not None:
             report = dataclasses.replace(report, warnings=(*report.warnings, warning))
         return report
+
+    def _may_start(self, max_claims: int | None) -> int:
+        """At most how many workers a tick could start now: ready cards, within the room."""
+        from dispatcher.kanban.model import CardStatus
+
+        ready = self.store.status_counts().get(CardStatus.READY, 0)
+        room = self.settings.kanban.max_in_progress
+        return min(ready, room, ready if max_claims is None else max_claims)
 
     def run_hosts(self, card_id: str) -> dict[str, str | None]:
         """The host of each run of a card (cluster mode; empty for a single host)."""
@@ -151,17 +141,7 @@ class Workspace:
         self.store.promote(now=self.now())
         return closed
 
-    def close(self) -> None:
-        """Close the runtime (workers keep running) and the database; when this command
-        changed the board, poke the state dir's gateway so it looks at once."""
-        try:
-            changed = self.store.board_version() != self._opened_version
-            if self._runtime is not None:
-                self._runtime.close()
-        finally:
-            try:
-                self.cluster.close()
-            finally:
-                self.db.close()
-        if changed:
-            poke(self.state_dir)
+    def _release(self) -> None:
+        """Close the runtime (workers keep running)."""
+        if self._runtime is not None:
+            self._runtime.close()

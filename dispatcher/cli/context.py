@@ -6,9 +6,7 @@ command that only validates a file never creates a state dir or opens the databa
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +16,9 @@ from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import ConfigError
 
 if TYPE_CHECKING:
+    import argparse
+    import logging
+
     from dispatcher.config import LoadedConfig
     from dispatcher.settings import Settings
     from dispatcher.timefmt import TimeView
@@ -45,6 +46,7 @@ class Context:
         """Absolute times only (set by ``--watch`` when stdout is not a terminal)."""
         self.config_problem: ConfigError | None = None
         """Set when a read-only command goes on without the (broken) config."""
+        self._warnings: logging.Handler | None = None
 
     @property
     def read_only(self) -> bool:
@@ -124,6 +126,21 @@ class Context:
 
     # -- output ------------------------------------------------------------------------------
 
+    def show_warnings(self) -> None:
+        """Show warnings from the library (a degraded placement, a lost session) as one line
+        each on stderr until :meth:`hide_warnings`; ``dispatch serve`` replaces this with its
+        own journal-friendly handler. Does nothing when already shown."""
+        if self._warnings is None:
+            self._warnings = _warnings_handler()
+
+    def hide_warnings(self) -> None:
+        """Undo :meth:`show_warnings`."""
+        if self._warnings is not None:
+            import logging
+
+            logging.getLogger("dispatch").removeHandler(self._warnings)
+            self._warnings = None
+
     def out(self, text: str = "") -> None:
         """A line of human output on stdout."""
         print(text, file=self.stdout)
@@ -134,6 +151,8 @@ class Context:
 
     def emit_json(self, document: Any) -> None:
         """The one JSON document of a ``--json`` command."""
+        import json
+
         json.dump(document, self.stdout, indent=2, sort_keys=False, default=str)
         self.stdout.write("\n")
 
@@ -142,3 +161,22 @@ def _defaults() -> Settings:
     from dispatcher.settings import Settings
 
     return Settings()
+
+
+def _warnings_handler() -> logging.Handler:
+    import logging
+
+    class Diagnostics(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            text = record.getMessage().replace("\n", " | ")
+            return f"dispatch: {record.levelname.lower()}: {text}"
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(Diagnostics())
+    handler.dispatch_cli = True  # type: ignore[attr-defined]
+    logger = logging.getLogger("dispatch")
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    return handler

@@ -1,6 +1,7 @@
 """`dispatch kanban`: the board (add, list, show, edit, board), the dispatcher (tick, pause,
-resume), worker reports (complete, block, review) and operator overrides (unblock, move,
-archive).
+resume), worker reports (complete, block, review, defer) and operator overrides (unblock,
+retry, move, archive). ``add`` and the worker reports are handled in
+:mod:`~dispatcher.cli.kanban_writes`, which the command-line fast path calls too.
 
 Bad input (an unknown assignee or card, a malformed id, a stale run id) exits 2 with one line
 and changes nothing. ``tick`` exits 0 even when spawns were refused: refusals are recorded on
@@ -10,28 +11,48 @@ the board; only usage, config or store errors make it fail.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dispatcher.app.documents import board_document, card_document, listed_card_json
+from dispatcher.app.documents import (
+    board_document,
+    card_document,
+    card_waits_of,
+    listed_card_json,
+)
 from dispatcher.app.workspace import Workspace
+from dispatcher.cli import fastpath
 from dispatcher.cli.context import Context
-from dispatcher.cli.options import positive_int, watch_options, watched
+from dispatcher.cli.kanban_args import (
+    CARD_HELP,
+    FAILURE_LIMIT,
+    GROUP_HELP,
+    PRIORITY,
+    add_options,
+    body_options,
+    list_options,
+    worker_options,
+)
+from dispatcher.cli.kanban_writes import (
+    handle_add,
+    handle_block,
+    handle_complete,
+    handle_defer,
+    handle_review,
+    print_card,
+    read_body,
+)
+from dispatcher.cli.options import watch_options, watched
 from dispatcher.cli.parser import (
     Parser,
     Subparsers,
     add_group,
     add_subgroups,
     int_arg,
-    path_arg,
 )
-from dispatcher.kanban.board import FAILURE_LIMIT_RANGE, PRIORITY_RANGE
-from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
+from dispatcher.kanban.model import MOVE_TARGETS, Card, CardEdit, CardStatus
 from dispatcher.kanban.views import (
-    SORT_KEYS,
     board_text,
-    card_json,
     card_table,
     show_text,
     sorted_cards,
@@ -39,17 +60,11 @@ from dispatcher.kanban.views import (
     tick_text,
 )
 from dispatcher.launch.resources import resources_text, sessions_of
-from dispatcher.settings import Settings
-from dispatcher.timefmt import iso
 from scope.abc import CallerKind
-from scope.foundation.errors import DispatchError, Invalid, UsageError
-from scope.foundation.text import quote
-from scope.foundation.values import ISO_HINT, parse_duration, parse_iso_time
+from scope.foundation.errors import UsageError
 
-MAX_BODY_BYTES = 16 * 1024 * 1024
-PRIORITY = int_arg(*PRIORITY_RANGE)
-FAILURE_LIMIT = int_arg(*FAILURE_LIMIT_RANGE)
-CARD_HELP = "card id or a unique prefix (at least 4 characters)"
+if TYPE_CHECKING:
+    from dispatcher.app.limitview import Waits
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -62,32 +77,17 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         command.set_defaults(handler=handler)
         return command
 
-    add = sub("add", "Add a card; prints its id.", handle_add)
-    add.add_argument("title", metavar="TITLE", help="the card's title")
-    add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
-    _body_options(add)
-    add.add_argument("--priority", type=PRIORITY, default=0, metavar="N", help="higher = sooner")
-    add.add_argument(
-        "--parent",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="a card that must be done first (repeatable)",
-    )
-    add.add_argument("--idempotency-key", metavar="K", help="adding the same key again is a no-op")
-    add.add_argument(
-        "--failure-limit", type=FAILURE_LIMIT, metavar="N", help="override kanban.failure_limit"
-    )
+    add_options(sub("add", "Add a card; prints its id.", handle_add))
 
-    _list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
+    list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
 
     show = sub("show", "Show a card with its runs and events.", handle_show)
     show.add_argument("id", metavar="ID", help=CARD_HELP)
 
-    edit = sub("edit", "Change a card's title, body, priority or assignee.", handle_edit)
+    edit = sub("edit", "Change a card's title, body, priority, assignee or group.", handle_edit)
     edit.add_argument("id", metavar="ID", help=CARD_HELP)
     edit.add_argument("--title", help="a new title")
-    _body_options(edit)
+    body_options(edit)
     edit.add_argument(
         "--priority", type=PRIORITY, metavar="N", help="a new priority (higher = sooner)"
     )
@@ -98,6 +98,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         metavar="N",
         help="override kanban.failure_limit for it",
     )
+    edit.add_argument("--group", dest="card_group", metavar="G", help=GROUP_HELP + " ('' for none)")
 
     tick = sub("tick", "Run one dispatcher pass (for a Type=oneshot unit or cron).", handle_tick)
     tick.add_argument("--max", type=int_arg(0, 10**6), metavar="N", help="claim at most N cards")
@@ -136,66 +137,32 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
     """``complete``, ``block`` and ``review``: what a worker reports about its own card."""
     complete = sub("complete", "Worker: report the card done.", handle_complete)
-    _worker_options(complete)
+    worker_options(complete)
     complete.add_argument("--result", metavar="TEXT", help="a short result to store")
 
     block = sub("block", "Worker: block the card.", handle_block)
-    _worker_options(block)
+    worker_options(block)
     block.add_argument(
         "--kind",
         required=True,
-        choices=["needs_input", "transient"],
+        choices=list(fastpath.BLOCK_KINDS),
         help="needs_input: waits for a person (unblock); transient: retried after a while",
     )
     block.add_argument("--reason", required=True, metavar="TEXT", help="why, for the operator")
 
     review = sub("review", "Worker: hand the card to review.", handle_review)
-    _worker_options(review)
+    worker_options(review)
 
     defer = sub(
         "defer",
         "Worker: try the card (in a cron worker: the fire) again later (not counted).",
         handle_defer,
     )
-    _worker_options(defer)
+    worker_options(defer)
     when = defer.add_argument_group("when").add_mutually_exclusive_group(required=True)
     when.add_argument("--for", dest="for_", metavar="DURATION", help="from now (5m, 1h30m)")
     when.add_argument("--until", metavar="TIME", help="an ISO-8601 time (local without offset)")
     defer.add_argument("--reason", default="", metavar="TEXT", help="why, for the operator")
-
-
-def _list_options(ls: Parser) -> None:
-    """``kanban list``'s filters, order, limit and --watch."""
-    ls.add_argument(
-        "--status",
-        choices=[s.value for s in CardStatus],
-        metavar="S",
-        help="only cards in status S (" + ", ".join(s.value for s in CardStatus) + ")",
-    )
-    ls.add_argument("--assignee", metavar="A", help="only cards of assignee A")
-    ls.add_argument("--all", action="store_true", help="include archived cards")
-    ls.add_argument(
-        "--sort",
-        choices=sorted(SORT_KEYS),
-        default="priority",
-        help="order: priority (highest first, the default), created (oldest first), "
-        "updated (newest first), status (board order) or id",
-    )
-    ls.add_argument("--limit", type=positive_int, metavar="N", help="at most N cards")
-    watch_options(ls)
-
-
-def _body_options(parser: Parser) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--body", metavar="TEXT", help="the card's body (the worker's brief)")
-    group.add_argument(
-        "--body-file", type=path_arg, metavar="F", help="read the body from F ('-': stdin)"
-    )
-
-
-def _worker_options(parser: Parser) -> None:
-    parser.add_argument("id", nargs="?", metavar="ID", help="the card (default: $DISPATCH_CARD_ID)")
-    parser.add_argument("--run", metavar="RUN", help="the run id (default: $DISPATCH_RUN_ID)")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -213,32 +180,6 @@ def _workspace(ctx: Context) -> Workspace:
     return workspace
 
 
-def _report_workspace(ctx: Context) -> Workspace:
-    """The board a worker reports to: inside a worker, only what its run was started with
-    (:mod:`dispatcher.app.reports`), so a broken, missing or changed config never stops the
-    report and none of its errors are printed; elsewhere (an operator's shell) the config's."""
-    from dispatcher.app.reports import captured_settings
-
-    settings = captured_settings(_quiet_settings(ctx), ctx.environ)
-    if settings is None:
-        return _workspace(ctx)
-    workspace = Workspace(settings, ctx.state_dir, environ=ctx.environ, caller=CallerKind.ONESHOT)
-    ctx.on_close(workspace)
-    return workspace
-
-
-def _quiet_settings(ctx: Context) -> Settings:
-    """The config's settings when it is usable (``kanban.transient_block`` still applies),
-    else the built-in defaults, without a word: the worker's report does not depend on it."""
-    from dispatcher.config import load_config, resolve_config_path
-
-    try:
-        path = resolve_config_path(getattr(ctx.args, "config", None), ctx.environ)
-        return load_config(path).settings
-    except DispatchError:
-        return Settings()
-
-
 def _refresh(ctx: Context, workspace: Workspace) -> None:
     """Reconcile finished runs before a board read, unless the config is broken: closing a
     run applies the configured failure taxonomy, which built-in defaults would get wrong."""
@@ -246,71 +187,7 @@ def _refresh(ctx: Context, workspace: Workspace) -> None:
         workspace.refresh()
 
 
-def _read_body(args: argparse.Namespace) -> str | None:
-    if args.body is not None:
-        return str(args.body)
-    if args.body_file is None:
-        return None
-    try:
-        if args.body_file == "-":
-            raw = sys.stdin.buffer.read(MAX_BODY_BYTES + 1)
-        else:
-            with open(Path(args.body_file).expanduser(), "rb") as handle:
-                raw = handle.read(MAX_BODY_BYTES + 1)
-    except OSError as err:
-        raise UsageError(
-            f"--body-file {args.body_file}: {err.strerror}", remedy="give a readable file"
-        ) from None
-    if len(raw) > MAX_BODY_BYTES:
-        raise UsageError(f"--body-file {args.body_file}: larger than 16 MiB")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"--body-file {args.body_file}: not valid UTF-8") from None
-
-
-def _card_id(args: argparse.Namespace, ctx: Context) -> str:
-    card = args.id or ctx.environ.get("DISPATCH_CARD_ID")
-    if not card:
-        raise UsageError(
-            "no card id", remedy="pass ID or run inside a worker (DISPATCH_CARD_ID is set there)"
-        )
-    return str(card)
-
-
-def _run_id(args: argparse.Namespace, ctx: Context) -> str | None:
-    return args.run or ctx.environ.get("DISPATCH_RUN_ID") or None
-
-
-def _print_card(ctx: Context, card_id: str, card_doc: dict[str, object], line: str) -> None:
-    if ctx.json:
-        ctx.emit_json(card_doc)
-    else:
-        ctx.out(line)
-
-
 # -- operator commands ------------------------------------------------------------------------
-
-
-def handle_add(args: argparse.Namespace, ctx: Context) -> int:
-    """Add a card and print its id (an idempotent repeat prints the existing id)."""
-    body = _read_body(args) or ""
-    workspace = _workspace(ctx)
-    card, _created = workspace.board.add(
-        args.title,
-        assignee=args.assignee,
-        now=workspace.now(),
-        body=body,
-        priority=args.priority,
-        parents=args.parent,
-        idempotency_key=args.idempotency_key,
-        failure_limit=args.failure_limit,
-    )
-    if ctx.json:
-        ctx.emit_json({"id": card.id})
-    else:
-        ctx.out(card.id)
-    return 0
 
 
 def handle_list(args: argparse.Namespace, ctx: Context) -> int:
@@ -328,12 +205,22 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
     )
     cards = sorted_cards(cards, args.sort, args.limit)
     assignees = _assignees(ctx)
+    waits = _waits(ctx, workspace, cards)
     if ctx.json:
-        ctx.emit_json([listed_card_json(c, assignees) for c in cards])
+        ctx.emit_json([listed_card_json(c, assignees, waits) for c in cards])
     else:
-        for line in card_table(cards, times=ctx.times(), assignees=assignees):
+        for line in card_table(cards, times=ctx.times(), assignees=assignees, waits=waits.texts()):
             ctx.out(line)
     return 0
+
+
+def _waits(ctx: Context, workspace: Workspace, cards: list[Card]) -> Waits:
+    """Which full limit each card waits for (nothing while the config is not loaded)."""
+    from dispatcher.app.limitview import Waits
+
+    if ctx.config_problem is not None:
+        return Waits()
+    return card_waits_of(workspace, cards)
 
 
 def _assignees(ctx: Context) -> frozenset[str] | None:
@@ -359,7 +246,8 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
     used = {run.run_id: resources_text(sessions.get(run.session_id or "")) for run in runs}
     shown = hosts if workspace.cluster.clustered else None
-    for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, used=used):
+    wait = _waits(ctx, workspace, [card]).text(card.id)
+    for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, used=used, wait=wait):
         ctx.out(line)
     return 0
 
@@ -368,19 +256,21 @@ def handle_edit(args: argparse.Namespace, ctx: Context) -> int:
     """Change fields of a card."""
     edit = CardEdit(
         title=args.title,
-        body=_read_body(args),
+        body=read_body(args),
         priority=args.priority,
         assignee=args.assignee,
         failure_limit=args.failure_limit,
+        group=args.card_group,
     )
     if not edit.changed():
         raise UsageError(
             "nothing to change",
-            remedy="give --title, --body, --body-file, --priority, --assignee or --failure-limit",
+            remedy="give --title, --body, --body-file, --priority, --assignee, --failure-limit "
+            "or --group",
         )
     workspace = _workspace(ctx)
     card = workspace.board.edit(args.id, edit, now=workspace.now())
-    _print_card(ctx, card.id, card_json(card), f"{card.id} edited")
+    print_card(ctx, card, f"{card.id} edited")
     return 0
 
 
@@ -388,7 +278,7 @@ def handle_unblock(args: argparse.Namespace, ctx: Context) -> int:
     """Blocked → ready, counts reset."""
     workspace = _workspace(ctx)
     card = workspace.board.unblock(args.id, now=workspace.now())
-    _print_card(ctx, card.id, card_json(card), f"{card.id} {card.status.value}")
+    print_card(ctx, card, f"{card.id} {card.status.value}")
     return 0
 
 
@@ -396,7 +286,7 @@ def handle_retry(args: argparse.Namespace, ctx: Context) -> int:
     """A new run of a finished card (the gateway is poked and claims it at once)."""
     workspace = _workspace(ctx)
     card = workspace.board.retry(args.id, reason=args.reason, now=workspace.now())
-    _print_card(ctx, card.id, card_json(card), f"{card.id} {card.status.value} (retry)")
+    print_card(ctx, card, f"{card.id} {card.status.value} (retry)")
     return 0
 
 
@@ -404,7 +294,7 @@ def handle_move(args: argparse.Namespace, ctx: Context) -> int:
     """Operator override of the status."""
     workspace = _workspace(ctx)
     card = workspace.board.move(args.id, args.status, now=workspace.now())
-    _print_card(ctx, card.id, card_json(card), f"{card.id} {card.status.value}")
+    print_card(ctx, card, f"{card.id} {card.status.value}")
     return 0
 
 
@@ -412,7 +302,7 @@ def handle_archive(args: argparse.Namespace, ctx: Context) -> int:
     """Archive (stopping a running worker first)."""
     workspace = _workspace(ctx)
     card = workspace.board.archive(args.id, now=workspace.now())
-    _print_card(ctx, card.id, card_json(card), f"{card.id} archived")
+    print_card(ctx, card, f"{card.id} archived")
     return 0
 
 
@@ -427,10 +317,13 @@ def _board_once(ctx: Context) -> int:
     cards = workspace.store.list_cards()
     paused = workspace.store.paused()
     assignees = _assignees(ctx)
+    waits = _waits(ctx, workspace, cards)
     if ctx.json:
-        ctx.emit_json(board_document(cards, paused=paused, assignees=assignees))
+        ctx.emit_json(board_document(cards, paused=paused, assignees=assignees, waits=waits))
     else:
-        for line in board_text(cards, paused=paused, times=ctx.times(), assignees=assignees):
+        for line in board_text(
+            cards, paused=paused, times=ctx.times(), assignees=assignees, waits=waits.texts()
+        ):
             ctx.out(line)
     return 0
 
@@ -493,89 +386,3 @@ def _admission(ctx: Context) -> str | None:
     )
     verdict = admission.check()
     return (verdict.reason or "admission") if verdict.held else None
-
-
-# -- worker commands --------------------------------------------------------------------------
-
-
-def handle_complete(args: argparse.Namespace, ctx: Context) -> int:
-    """The worker's card is done."""
-    workspace = _report_workspace(ctx)
-    card = workspace.board.complete(
-        _card_id(args, ctx), _run_id(args, ctx), now=workspace.now(), result=args.result
-    )
-    _print_card(ctx, card.id, card_json(card), f"{card.id} done")
-    return 0
-
-
-def handle_block(args: argparse.Namespace, ctx: Context) -> int:
-    """The worker blocks its card."""
-    workspace = _report_workspace(ctx)
-    card = workspace.board.block(
-        _card_id(args, ctx),
-        _run_id(args, ctx),
-        kind=args.kind,
-        reason=args.reason,
-        now=workspace.now(),
-    )
-    _print_card(ctx, card.id, card_json(card), f"{card.id} blocked ({args.kind})")
-    return 0
-
-
-def handle_defer(args: argparse.Namespace, ctx: Context) -> int:
-    """The worker defers its card: the run ends ``deferred`` and the card is ready at TIME.
-    Inside a cron worker (no card, a fire key) it defers the fire's next try instead."""
-    env = ctx.environ
-    if not (args.id or args.run or env.get("DISPATCH_CARD_ID")) and env.get("DISPATCH_FIRE_KEY"):
-        return _defer_fire(args, ctx)
-    workspace = _report_workspace(ctx)
-    now = workspace.now()
-    until = _defer_until(args, now)
-    card = workspace.board.defer(
-        _card_id(args, ctx), _run_id(args, ctx), until=until, reason=args.reason, now=now
-    )
-    _print_card(ctx, card.id, card_json(card), f"{card.id} deferred until {iso(until)}")
-    return 0
-
-
-def _defer_fire(args: argparse.Namespace, ctx: Context) -> int:
-    from dispatcher.app.reports import defer_fire
-    from dispatcher.cron.report import row_entry
-
-    row, until = defer_fire(
-        _quiet_settings(ctx),
-        ctx.state_dir,
-        ctx.environ,
-        until=lambda now: _defer_until(args, now),
-        reason=args.reason,
-    )
-    if ctx.json:
-        ctx.emit_json(row_entry(row))
-    else:
-        ctx.out(f"{row.fire_key}: next try deferred until {iso(until)}")
-    return 0
-
-
-def _defer_until(args: argparse.Namespace, now: float) -> float:
-    if args.for_ is None:
-        return _until_arg(args.until)
-    try:
-        return now + parse_duration(args.for_)
-    except Invalid as err:
-        raise UsageError(f"--for: {err.problem}") from None
-
-
-def _until_arg(text: str) -> float:
-    try:
-        moment = parse_iso_time(text, None)
-        return (moment if moment.tzinfo else moment.astimezone()).timestamp()
-    except (Invalid, OverflowError, ValueError, OSError):
-        raise UsageError(f"--until {quote(text)}: give an ISO-8601 time ({ISO_HINT})") from None
-
-
-def handle_review(args: argparse.Namespace, ctx: Context) -> int:
-    """The worker hands its card to review."""
-    workspace = _report_workspace(ctx)
-    card = workspace.board.review(_card_id(args, ctx), _run_id(args, ctx), now=workspace.now())
-    _print_card(ctx, card.id, card_json(card), f"{card.id} in review")
-    return 0

@@ -18,7 +18,6 @@ from dispatcher import __version__
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs the CLI's start-up
     import argparse
-    import logging
     from collections.abc import Mapping, Sequence
 
     from dispatcher.cli.context import Context
@@ -119,6 +118,12 @@ def main(
         # script asks it): printed before argparse is even imported.
         sys.stdout.write(f"dispatch {__version__}\n")
         return 0
+    try:
+        args = _recognised(arguments, environ)
+    except ImportError as err:
+        return _missing_module(err)
+    if args is not None:
+        return _run(args, environ, clock, fast=True)
     from scope.foundation.errors import DispatchError
 
     try:
@@ -133,18 +138,34 @@ def main(
     return _run(args, environ, clock)
 
 
-def _run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock | None) -> int:
-    """Run the parsed command: one line on stderr for our errors, see :func:`main`."""
-    import logging
+def _recognised(arguments: list[str], environ: Mapping[str, str]) -> argparse.Namespace | None:
+    """The command line parsed by the fast path (:mod:`dispatcher.cli.fastpath`: ``kanban
+    add`` and the worker reports, without argparse), or None: argparse parses it."""
+    if "kanban" not in arguments:
+        return None  # no fast-path command: not even its grammar is loaded
+    from dispatcher.cli.fastpath import recognise
+
+    # A SimpleNamespace with argparse's attributes (importing argparse for its Namespace would
+    # cost the fast path): handlers only read attributes.
+    return recognise(arguments, environ)  # type: ignore[return-value]
+
+
+def _run(
+    args: argparse.Namespace, environ: Mapping[str, str], clock: Clock | None, *, fast: bool = False
+) -> int:
+    """Run the parsed command: one line on stderr for our errors, see :func:`main`. ``fast``:
+    the fast path parsed it, whose handlers show warnings only once they leave it (nothing
+    before logs, and importing logging would be a tenth of their start-up)."""
     import sqlite3
 
     from dispatcher.cli.context import Context
     from scope.foundation.errors import DispatchError
 
     ctx: Context | None = None
-    handler = _diagnostics_handler()
     try:
         ctx = Context(args, environ, clock=clock)
+        if not fast:
+            ctx.show_warnings()
         if ctx.read_only:
             # A broken config is named once, up front, whether or not the view needs it.
             ctx.config  # noqa: B018
@@ -174,8 +195,10 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock | No
         return EXIT_CLOSED_STDOUT
     finally:
         if ctx is not None:
-            ctx.close()
-        logging.getLogger("dispatch").removeHandler(handler)
+            try:
+                ctx.close()
+            finally:
+                ctx.hide_warnings()
 
 
 def _missing_module(err: ImportError) -> int:
@@ -193,27 +216,6 @@ def _print_error(err: DispatchError) -> None:
     from scope.foundation.text import one_line
 
     print(f"dispatch: error: {one_line(err.message)}", file=sys.stderr)
-
-
-def _diagnostics_handler() -> logging.Handler:
-    """Warnings from the library (a degraded placement, a lost session) as one line each on
-    stderr; ``dispatch serve`` replaces this with its own journal-friendly handler."""
-    import logging
-
-    class Diagnostics(logging.Formatter):
-        def format(self, record: logging.LogRecord) -> str:
-            text = record.getMessage().replace("\n", " | ")
-            return f"dispatch: {record.levelname.lower()}: {text}"
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(Diagnostics())
-    handler.dispatch_cli = True  # type: ignore[attr-defined]
-    logger = logging.getLogger("dispatch")
-    logger.addHandler(handler)
-    if logger.level == logging.NOTSET or logger.level > logging.WARNING:
-        logger.setLevel(logging.WARNING)
-    return handler
 
 
 def _silence_stdout() -> None:

@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from dispatcher.cli.fastpath import path_problem
 from dispatcher.cli.groups import GROUPS
 from scope.foundation.errors import Invalid, UsageError
 from scope.foundation.text import QUOTE_LIMIT, parse_int, quote
@@ -17,8 +18,6 @@ BYTES_OK = frozenset({"config", "state_dir", "cwd", "body_file", "file", "unit",
 """Destinations that take paths or a command's words: bytes that are not UTF-8 (which reach
 Python as lone surrogates) are legitimate there and passed on unchanged. Every other text
 argument must be UTF-8, because it is stored, matched or shown as text."""
-PATH_MAX = 4096
-NAME_MAX = 255
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs the CLI's start-up
@@ -194,13 +193,9 @@ def int_arg(low: int | None = None, high: int | None = None) -> Callable[[str], 
 def path_arg(text: str) -> str:
     """An argparse ``type=`` for a file or directory name: any bytes but NUL, within the
     kernel's limits (4096 bytes, 255 per name), so no later ``stat`` fails on the name itself."""
-    if "\0" in text:
-        raise argparse.ArgumentTypeError(f"{quote(text)} contains a NUL byte; give a real path")
-    raw = os.fsencode(text)
-    if len(raw) >= PATH_MAX or any(len(part) > NAME_MAX for part in raw.split(b"/")):
-        raise argparse.ArgumentTypeError(
-            f"{quote(text)} is longer than a path can be ({PATH_MAX} bytes, {NAME_MAX} per name)"
-        )
+    problem = path_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{quote(text)} {problem}")
     return text
 
 

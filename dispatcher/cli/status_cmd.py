@@ -93,6 +93,8 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
         detail = reload["source"] if reload["ok"] else reload["error"]
         ctx.out(f"reload:     {verdict} {times.both(reload['finished_at'])}: {detail}")
     ctx.out(f"placement:  {_placement_text(doc, ctx.config_problem is not None)}")
+    if serve.get("keepers"):
+        ctx.out(f"keepers:    {_keepers_text(serve['keepers'])}")
     kinds = ", ".join(f"{k} {n}" for k, n in doc["workers"]["by_kind"].items()) or "none"
     ctx.out(f"workers:    {doc['workers']['running']} running ({kinds})")
     cards = ", ".join(f"{k} {n}" for k, n in doc["cards"].items() if n) or "none"
@@ -109,6 +111,19 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
         ctx.out("recent errors:")
         for error in errors:
             ctx.out(f"  {times.both(error.get('at'))}  {error['source']}: {error['message']}")
+
+
+def _keepers_text(keepers: dict[str, Any]) -> str:
+    """How serve starts keepers: its fork server, and what fell back to a fresh interpreter."""
+    state = f"pid {keepers['pid']}" if keepers.get("running") else "not running"
+    text = f"fork server {state}, {keepers.get('forked', 0)} forked"
+    fallbacks = keepers.get("fallbacks") or {}
+    if fallbacks:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(fallbacks.items()))
+        text += f"; started the usual way: {sum(fallbacks.values())} ({reasons})"
+    if keepers.get("restarts"):
+        text += f"; restarted {keepers['restarts']}x"
+    return text
 
 
 def _admission_text(admission: dict[str, Any], times: TimeView) -> str:

@@ -8,11 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.cluster.url import check_url, redact
+from dispatcher.cluster.url import ENV_URL, check_url, redact
 from scope.foundation.errors import ConfigError, Invalid
 from scope.foundation.schema import Duration, Optional, Str, setting
 
-ENV_URL = "DISPATCH_DATABASE_URL"
 SKEW_WARN = 1.0
 """Seconds of clock skew against the database at which a host warns."""
 SKEW_REFUSE = 60.0

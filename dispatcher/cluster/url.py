@@ -11,6 +11,9 @@ from urllib.parse import urlsplit, urlunsplit
 from scope.foundation.errors import ConfigError
 from scope.foundation.text import quote
 
+ENV_URL = "DISPATCH_DATABASE_URL"
+"""The environment variable whose URL overrides ``cluster.database``."""
+
 
 def redact(url: str) -> str:
     """``url`` without its password (and without a query string, which may carry one)."""

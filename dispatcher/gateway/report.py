@@ -26,7 +26,7 @@ from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.store import SqlDatabase
 from dispatcher.kanban.views import unconfigured
 from dispatcher.timefmt import iso
-from scope.abc import CallerKind
+from scope.abc import CallerKind, Scoper
 from scope.errors import ScopeUnavailable
 from scope.foundation.errors import DispatchError
 
@@ -65,6 +65,7 @@ def status_document(
         serve.update(pid=holder.pid, started_at=holder.started_at, uptime=now - holder.started_at)
         if served is not None:
             serve["updated_at"] = served.updated_at
+            serve["keepers"] = served.keepers
         reload = read_reload(state_dir, holder.pid)
         serve["last_reload"] = reload.to_dict() if reload is not None else None
     placement = dict(served.placement) if served else _placement_here(runtime)
@@ -89,6 +90,20 @@ def status_document(
             + _recent_errors(store.db, served.recent_errors if served else []),
             "admission": admission_status(state_dir, environ, runtime.settings.admission),
         }
+
+
+def placement_of(scoper: Scoper) -> dict[str, str]:
+    """What cron and kanban workers of this process would get right now (the cached probe
+    verdict): a placement value, ``refused``, or ``unknown (why)``."""
+    out = {}
+    for name, caller in (("cron", CallerKind.CRON), ("kanban", CallerKind.KANBAN)):
+        try:
+            out[name] = scoper.decide(caller).placement.value
+        except ScopeUnavailable:
+            out[name] = "refused"
+        except DispatchError as err:
+            out[name] = f"unknown ({err})"
+    return out
 
 
 def _placement_here(runtime: Runtime) -> dict[str, str]:

@@ -50,6 +50,7 @@ from dispatcher.gateway.member import Alone, open_gateway_state
 from dispatcher.gateway.notify import Notifier
 from dispatcher.gateway.recent import RecentErrors
 from dispatcher.gateway.reload import ReloadRecord, write_reload
+from dispatcher.gateway.report import placement_of
 from dispatcher.gateway.statusfile import ServeStatus, write_status
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.tick import KanbanDispatcher
@@ -58,7 +59,6 @@ from dispatcher.settings import Settings
 from registry.abc import OwnerKind, Session, SessionState
 from registry.errors import StateError
 from scope.abc import CallerKind, Placement
-from scope.errors import ScopeUnavailable
 from scope.foundation.clock import Clock, SystemClock
 from scope.foundation.errors import DispatchError
 
@@ -237,6 +237,7 @@ class Gateway:
             follow=True,
             protect_gateway=True,
             clock=self.clock,
+            fork_server=True,
         )
         try:
             # Cluster mode joins here (a duplicate host id ends the start, nothing written).
@@ -261,6 +262,7 @@ class Gateway:
             state_dir=self.state_dir,
             config_path=self.config_path,
             ledger=self._cluster.ledger,
+            limits=self.settings.limits,
         )
         self._cron_waker = CronWaker(self._cron)
         assert self._cluster.outbox is not None
@@ -294,16 +296,8 @@ class Gateway:
 
     def _make_kanban(self, settings: Settings) -> KanbanDispatcher:
         assert self._runtime is not None and self._store is not None
-        return KanbanDispatcher(
-            store=self._store,
-            registry=self._runtime.registry,
-            settings=settings.kanban,
-            state_dir=self.state_dir,
-            caller=CallerKind.KANBAN,
-            config_path=self.config_path,
-            environ=spawn_environ(settings, self.environ),
-            scoper=self._runtime.scoper,
-            adopt=False,
+        return self._runtime.kanban_dispatcher(
+            self._store, settings, self.environ, config_path=self.config_path, adopt=False
         )
 
     # -- the loop ----------------------------------------------------------------------------
@@ -469,7 +463,7 @@ class Gateway:
         )
         self.settings = new
         assert self._cron is not None
-        self._cron.reload(new.cron)
+        self._cron.reload(new.cron, limits=new.limits)
         self._kanban = self._make_kanban(new)
         log.info("reloaded %s", loaded.source)
         self._record_reload(started, error=None)
@@ -541,15 +535,7 @@ class Gateway:
     def placement_now(self) -> dict[str, str]:
         """What cron and kanban workers would get right now (cached probe verdict)."""
         assert self._runtime is not None
-        out = {}
-        for name, caller in (("cron", CallerKind.CRON), ("kanban", CallerKind.KANBAN)):
-            try:
-                out[name] = self._runtime.scoper.decide(caller).placement.value
-            except ScopeUnavailable:
-                out[name] = "refused"
-            except DispatchError as err:
-                out[name] = f"unknown ({err})"
-        return out
+        return placement_of(self._runtime.scoper)
 
     def _counts(self) -> dict[str, Any]:
         assert self._runtime is not None and self._store is not None
@@ -557,7 +543,7 @@ class Gateway:
         by_kind: dict[str, int] = collections.Counter(s.owner.kind for s in running)
         counts = {} if self._member.down() else self._store.status_counts()
         cards = {status.value: n for status, n in counts.items()}
-        return {"workers": dict(by_kind), "cards": cards}
+        return {"workers": dict(by_kind), "cards": cards, "keepers": self._runtime.keeper_stats()}
 
     def _refresh_status(self, *, stopping: bool = False) -> str:
         """Write the status file and return the STATUS= line, from one look at the sessions
@@ -584,6 +570,7 @@ class Gateway:
                     kanban_ticks=self._ticks,
                     recent_errors=list(self.errors.items),
                     host_zone=host_zone_name(self.environ),
+                    keepers=counts["keepers"],
                 ),
             )
         except OSError as err:

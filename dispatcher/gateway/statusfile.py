@@ -33,6 +33,9 @@ class ServeStatus:
     host_zone: str | None = None
     """The zone cron jobs without ``timezone`` follow in this gateway (its ``TZ`` or the
     system's), so ``cron list`` shows the zone the scheduler uses, not the CLI's."""
+    keepers: dict[str, Any] | None = None
+    """The keeper fork server: pid, running, keepers forked, fallbacks by reason, restarts
+    (None when serve runs without one)."""
 
 
 def write_status(state_dir: Path, status: ServeStatus) -> None:

@@ -9,8 +9,8 @@ same transaction that closes its run, so a card never keeps a worker it no longe
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.errors import BadCard, StaleRun, WrongStatus
@@ -27,7 +27,6 @@ from dispatcher.kanban.model import (
     move_fields,
 )
 from dispatcher.kanban.rules import FRESH_START
-from dispatcher.kanban.settings import KanbanSettings
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import IdTooShort
 from scope.foundation.text import strip_blanks, unsafe_char
@@ -43,12 +42,28 @@ if TYPE_CHECKING:
 MAX_TITLE = 500
 MAX_BODY = 16 * 1024 * 1024
 MAX_KEY = 200
+MAX_GROUP = 100
 MAX_NOTE = 64 * 1024
 PRIORITY_RANGE = (-(10**9), 10**9)
 """The priorities a card may have (``--priority``, the API's ``priority``)."""
 FAILURE_LIMIT_RANGE = (1, 10**6)
 """A card's own ``--failure-limit`` (overrides ``kanban.failure_limit``)."""
 _RUN_ID = re.compile(r"r_[0-9a-f]{4,}")
+
+
+class BoardSettings(Protocol):
+    """What the board's checks read of the ``kanban:`` settings: the assignee names and how
+    long a transient block lasts. :class:`~dispatcher.kanban.settings.KanbanSettings` is one;
+    so is the CLI's config snapshot (:mod:`dispatcher.app.snapshot`), which spares a short
+    write command the whole config schema."""
+
+    @property
+    def assignees(self) -> Collection[str]:
+        """The configured assignee names (a mapping by name counts)."""
+
+    @property
+    def transient_block(self) -> float:
+        """Seconds a ``transient`` block lasts (``kanban.transient_block``)."""
 
 
 class Board:
@@ -61,7 +76,7 @@ class Board:
     def __init__(
         self,
         store: BoardStore,
-        settings: KanbanSettings,
+        settings: BoardSettings,
         *,
         registry: Callable[[], Registry] | None = None,
         state_dir: Any = None,
@@ -94,6 +109,15 @@ class Board:
             raise BadCard("title", title, "must be a single line (put details in --body)")
         return check_text("title", text, MAX_TITLE)
 
+    @staticmethod
+    def check_group(group: str, *, clearing: bool = False) -> str:
+        """A card group: printable text on one line, at most 100 characters, blanks around it
+        removed; the empty string only where it means "no group" (``clearing``)."""
+        text = strip_blanks(group)
+        if not text and not clearing:
+            raise BadCard("--group", group, "must not be empty (leave --group out for none)")
+        return check_text("--group", text, MAX_GROUP)
+
     def resolve_parents(self, texts: Sequence[str]) -> tuple[str, ...]:
         """Card ids for ``--parent`` values (too short → BadCard, unknown or malformed →
         NotFoundError)."""
@@ -125,6 +149,7 @@ class Board:
         parents: Sequence[str] = (),
         idempotency_key: str | None = None,
         failure_limit: int | None = None,
+        group: str | None = None,
     ) -> tuple[Card, bool]:
         """Validate, then store a card; a repeated idempotency key returns the existing card
         (and False) without checking anything else."""
@@ -137,6 +162,7 @@ class Board:
         self.check_assignee(assignee)
         if failure_limit is not None and failure_limit < 1:
             raise BadCard("--failure-limit", str(failure_limit), "must be at least 1")
+        group = None if group is None else self.check_group(group)
         parent_ids = self.resolve_parents(parents)
         return self.store.add_card(
             NewCard(
@@ -147,6 +173,7 @@ class Board:
                 parents=parent_ids,
                 idempotency_key=idempotency_key,
                 failure_limit=failure_limit,
+                group=group,
             ),
             now=now,
         )
@@ -162,6 +189,10 @@ class Board:
             self.check_assignee(edit.assignee)
         if edit.failure_limit is not None and edit.failure_limit < 1:
             raise BadCard("--failure-limit", str(edit.failure_limit), "must be at least 1")
+        if edit.group is not None:
+            edit = CardEdit(
+                **{**edit.__dict__, "group": self.check_group(edit.group, clearing=True)}
+            )
         return self.store.edit_card(card.id, edit, now=now)
 
     def unblock(self, card_text: str, *, now: float) -> Card:

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dispatcher.buckets import Bucket, Flows, Sample, Window, tally
-from dispatcher.kanban.model import Card, Event, Run
-from dispatcher.launch.outcome import Outcome
+# The buckets and the outcome vocabulary are imported where they are used: the board store
+# reads READY_KINDS for every claim, and every short write command loads it (issue 26).
+if TYPE_CHECKING:
+    from dispatcher.buckets import Bucket, Flows, Sample, Window
+    from dispatcher.kanban.model import Card, Event, Run
 
 RUNNING, READY, BLOCKED = "running", "ready", "blocked"
 
@@ -77,10 +79,13 @@ def transition(kind: str, data: Mapping[str, Any]) -> tuple[str, str] | None:
         return str(data["from"]), "archived"
     if kind == DEFERRED_CLOSE:
         return RUNNING, READY
-    if kind == "exit_ignored" and data.get("outcome") == Outcome.DEFERRED.value:
-        # The card had already left ``running``: the deferred close changed nothing, so its
-        # run row's change is taken back.
-        return READY, RUNNING
+    if kind == "exit_ignored":
+        from dispatcher.launch.outcome import Outcome
+
+        if data.get("outcome") == Outcome.DEFERRED.value:
+            # The card had already left ``running``: the deferred close changed nothing, so
+            # its run row's change is taken back.
+            return READY, RUNNING
     return None
 
 
@@ -119,6 +124,8 @@ def run_samples(rows: Iterable[RunRow]) -> Iterator[Sample]:
 
 def run_tally(win: Window, rows: Iterable[RunRow]) -> list[Bucket]:
     """Per bucket, the closed runs that ended in it (:func:`run_samples`)."""
+    from dispatcher.buckets import tally
+
     return tally(win, MEASURES, run_samples(rows))
 
 
@@ -140,6 +147,8 @@ def run_buckets(
 
 def status_flows(win: Window, events: Sequence[Event], runs: Iterable[Run]) -> list[Flows]:
     """Per bucket, the status changes of its events (and deferred closes) by (from, to)."""
+    from dispatcher.launch.outcome import Outcome
+
     flows: list[dict[tuple[str, str], int]] = [{} for _ in range(win.count)]
     changes = [(e.at, transition(e.kind, e.data)) for e in events]
     changes += [

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.kanban.model import (
     BlockKind,
@@ -12,9 +13,10 @@ from dispatcher.kanban.model import (
     CardStatus,
     Run,
 )
-from dispatcher.launch.claimant import Claimant
-from dispatcher.launch.outcome import Outcome
 from scope.foundation.ids import IdKind
+
+if TYPE_CHECKING:
+    from dispatcher.launch.claimant import Claimant
 
 CARD_PREFIX = "c_"
 RUN_PREFIX = "r_"
@@ -27,9 +29,14 @@ CARD_COLUMNS = (
     "id, title, body, assignee, status, priority, created_at, updated_at, started_at, "
     "completed_at, consecutive_failures, failure_limit, last_failure_error, block_kind, "
     "blocked_until, current_run_id, idempotency_key, tempfail_count, retry_at, cooldown_until, "
-    "result, assignee_noted"
+    "result, assignee_noted, group_name, turn"
 )
-CARD_FIELDS = frozenset(c.strip() for c in CARD_COLUMNS.split(",")) - {"id"}
+COLUMN_OF = {"group": "group_name"}
+"""Card fields stored under another column name (``group`` is an SQL keyword)."""
+CARD_FIELDS = frozenset(
+    {c.strip() for c in CARD_COLUMNS.split(",")} - set(COLUMN_OF.values()) | set(COLUMN_OF)
+) - {"id"}
+"""The card fields a store may change (as :class:`~dispatcher.kanban.model.Card` names them)."""
 
 
 def card_of(row: sqlite3.Row, parents: Sequence[str]) -> Card:
@@ -58,11 +65,17 @@ def card_of(row: sqlite3.Row, parents: Sequence[str]) -> Card:
         cooldown_until=row["cooldown_until"],
         result=row["result"],
         assignee_noted=bool(row["assignee_noted"]),
+        group=row["group_name"],
+        turn=row["turn"],
     )
 
 
 def run_of(row: sqlite3.Row) -> Run:
     """A run row as a record."""
+    # Imported here, like Claimant below: adding a card or a worker's report never reads a
+    # run, and every such command loads this module.
+    from dispatcher.launch.outcome import Outcome
+
     return Run(
         run_id=row["run_id"],
         card_id=row["card_id"],
@@ -85,6 +98,8 @@ def run_of(row: sqlite3.Row) -> Run:
 
 def claimant_of(row: Any) -> Claimant | None:
     """The claimant stored in a run row's ``claimer_*`` columns."""
+    from dispatcher.launch.claimant import Claimant
+
     if row["claimer_pid"] is None:
         return None
     return Claimant(pid=row["claimer_pid"], start=row["claimer_start"], boot=row["claimer_boot"])
@@ -92,7 +107,7 @@ def claimant_of(row: Any) -> Claimant | None:
 
 def db_value(value: Any) -> Any:
     """A record value as SQLite stores it (enums by value, booleans as 0/1)."""
-    if isinstance(value, CardStatus | BlockKind | Outcome):
+    if isinstance(value, enum.Enum):  # CardStatus, BlockKind, Outcome
         return value.value
     if isinstance(value, bool):
         return int(value)

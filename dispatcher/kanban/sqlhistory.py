@@ -20,25 +20,19 @@ What differs between the two databases is in the class attributes a backend over
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dispatcher import rollup
-from dispatcher.buckets import Bucket, Flows, Window, clamp
-from dispatcher.kanban import search
-from dispatcher.kanban.history import (
-    DATA_KEYS,
-    DEFERRED_CLOSE,
-    MEASURES,
-    STATUS_KINDS,
-    RunLine,
-    run_samples,
-    run_tally,
-    transition,
-)
 from dispatcher.kanban.model import CardStatus
 from dispatcher.kanban.rows import CARD_COLUMNS, card_of, run_of
-from dispatcher.kanban.search import CardPage, CardQuery
 from dispatcher.kanban.sql import SqlBoard, SqlConnection
+from dispatcher.rolluptables import STEPS
+
+# The charts', timeline's and search's records and functions are imported where they are used:
+# every short write command loads the board store, and none of them reads history (issue 26).
+if TYPE_CHECKING:
+    from dispatcher.buckets import Bucket, Flows, Window
+    from dispatcher.kanban.history import RunLine
+    from dispatcher.kanban.search import CardPage, CardQuery
 
 SKEW = 300.0
 """Seconds an event's time may run behind the one appended before it (see the docstring)."""
@@ -46,7 +40,6 @@ ROLL_SPANS = 12
 """Spans (two hours each) one :meth:`SqlHistory.roll_up` call stores at most, each in a write
 transaction of its own."""
 
-_STATUS_KINDS = ", ".join(f"'{k}'" for k in sorted(STATUS_KINDS))
 _DATA_KINDS = {
     "from": ("moved", "archived"),
     "to": ("moved",),
@@ -71,7 +64,7 @@ class SqlHistory(SqlBoard):
     """Appended to a text column in ``ORDER BY`` (PostgreSQL: byte order, as SQLite's)."""
     RUN_HOST = "NULL"
     """The column naming a run's host (cluster mode)."""
-    rollup_steps: tuple[float, ...] = rollup.STEPS
+    rollup_steps: tuple[float, ...] = STEPS
     """The steps whose buckets :meth:`roll_up` stores (tests roll up shorter ones)."""
 
     def _bucket(self, column: str) -> str:
@@ -80,6 +73,8 @@ class SqlHistory(SqlBoard):
     # -- charts ------------------------------------------------------------------------------
 
     def run_buckets(self, window: Window, *, assignee: str | None = None) -> list[Bucket]:
+        from dispatcher import rollup
+
         with self.db.read() as conn:
             found = {
                 i: rollup.decode_split(text, assignee)
@@ -88,6 +83,8 @@ class SqlHistory(SqlBoard):
             return rollup.assemble(window, found, lambda w: self._count_runs(conn, w, assignee))
 
     def status_flows(self, window: Window) -> tuple[dict[str, int], list[Flows]]:
+        from dispatcher import rollup
+
         with self.db.read() as conn:
             counts = dict.fromkeys((s.value for s in CardStatus), 0)
             for row in conn.execute("SELECT status, count(*) FROM kanban_cards GROUP BY status"):
@@ -100,6 +97,8 @@ class SqlHistory(SqlBoard):
 
     def _stored(self, conn: SqlConnection, source: str, window: Window) -> dict[int, str]:
         """The rolled-up answers of ``window``'s buckets (none unless its step is rolled up)."""
+        from dispatcher import rollup
+
         if not rollup.rolled(window, self.rollup_steps):
             return {}
         return rollup.stored(conn, source, window)
@@ -108,6 +107,8 @@ class SqlHistory(SqlBoard):
         self, conn: SqlConnection, window: Window, assignee: str | None
     ) -> list[Bucket]:
         """:meth:`run_buckets` counted from the runs (one range of ``kanban_runs_closed``)."""
+        from dispatcher.kanban.history import run_tally
+
         join = ""
         params: list[Any] = [window.start, window.end]
         if assignee is not None:
@@ -123,6 +124,9 @@ class SqlHistory(SqlBoard):
     def _count_flows(self, conn: SqlConnection, window: Window) -> list[Flows]:
         """:meth:`status_flows`' changes counted from the events (grouped in the database, over
         the sequence numbers that can hold the window's times) and the deferred closes."""
+        from dispatcher.buckets import clamp
+        from dispatcher.kanban.history import DATA_KEYS, DEFERRED_CLOSE, STATUS_KINDS, transition
+
         fields = ", ".join(
             "CASE WHEN e.kind IN ({}) THEN {} END".format(
                 ", ".join(f"'{k}'" for k in _DATA_KINDS[key]),
@@ -161,6 +165,8 @@ class SqlHistory(SqlBoard):
     # -- the rollup --------------------------------------------------------------------------
 
     def roll_up(self, now: float, *, spans: int = ROLL_SPANS) -> int:
+        from dispatcher import rollup
+
         with self.db.read() as conn:
             # Nothing before the oldest event: every card begins with one.
             first = conn.execute("SELECT at FROM kanban_events ORDER BY seq LIMIT 1").fetchone()
@@ -171,6 +177,9 @@ class SqlHistory(SqlBoard):
     def _roll_span(self, conn: SqlConnection, wanted: list[tuple[float, float]]) -> int:
         """Count and store the answers of ``wanted`` buckets (one span's) that are still
         missing, inside the caller's write transaction (see :mod:`dispatcher.rollup`)."""
+        from dispatcher import rollup
+        from dispatcher.kanban.history import MEASURES, run_samples
+
         fine = rollup.fine_window(wanted, self.rollup_steps)
         missing = {}
         for source in ("runs", "flows"):
@@ -230,6 +239,8 @@ class SqlHistory(SqlBoard):
         assignee: str | None = None,
         limit: int = 500,
     ) -> list[RunLine]:
+        from dispatcher.kanban.history import RunLine
+
         head = (
             f"SELECT r.*, c.assignee AS card_assignee, c.title AS card_title,"  # noqa: S608
             f" {self.RUN_HOST} AS run_host"
@@ -275,7 +286,8 @@ class SqlHistory(SqlBoard):
     # -- search ------------------------------------------------------------------------------
 
     def search_cards(self, query: CardQuery) -> CardPage:
-        search.no_groups(query)
+        from dispatcher.kanban import search
+
         clauses: list[str] = []
         params: list[Any] = []
         if query.statuses:
@@ -289,6 +301,9 @@ class SqlHistory(SqlBoard):
         if query.assignee is not None:
             clauses.append("c.assignee = ?")
             params.append(query.assignee)
+        if query.group is not None:
+            clauses.append("c.group_name = ?")
+            params.append(query.group)
         if query.changed_after is not None:
             clauses.append("c.updated_at >= ?")
             params.append(query.changed_after)
@@ -332,4 +347,4 @@ class SqlHistory(SqlBoard):
             }
             parents = self._parents(conn, ids)
         cards = [card_of(rows[i], parents.get(i, [])) for i in ids if i in rows]
-        return CardPage(cards, int(total))
+        return search.CardPage(cards, int(total))

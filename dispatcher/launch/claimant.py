@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from scope.foundation.procstat import boot_id, start_time
-
 __all__ = ["Claimant"]
 
 
@@ -34,6 +32,10 @@ class Claimant:
     @classmethod
     def current(cls, *, instance: bool = False) -> Claimant:
         """This process; with ``instance`` also a random part that names this claimant alone."""
+        # /proc readers imported here: reading the board (every short write command loads
+        # this record) never asks who a claimant is.
+        from scope.foundation.procstat import boot_id, start_time
+
         pid = os.getpid()
         return cls(
             pid=pid,
@@ -44,6 +46,8 @@ class Claimant:
 
     def alive(self) -> bool:
         """Whether the claiming process still runs (see the module docstring)."""
+        from scope.foundation.procstat import boot_id, start_time
+
         if self.boot is not None:
             current = boot_id()
             if current is not None and current != self.boot:

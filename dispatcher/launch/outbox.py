@@ -15,7 +15,6 @@ the routing rules are built from the ``notify:`` config section by :mod:`dispatc
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -59,7 +58,7 @@ class Subject:
     assignee: str | None = None
     job: str | None = None
     group: str | None = None
-    """The card's group (cards have none yet: a rule naming groups matches no card)."""
+    """The card's group (None: a card without one, or not a card)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +115,8 @@ class Outbox:
         channels = channels_for(self.routes, event, subject)
         if not channels:
             return None
+        import uuid  # here: every short write command loads this module, few route a message
+
         message_id = uuid.uuid4().hex
         body = json.dumps(
             {"id": message_id, "event": event, "at": now, **fields}, default=str, sort_keys=True

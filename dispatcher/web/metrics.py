@@ -36,6 +36,12 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
 ``dispatch_scope_probe_ok``                 gauge     1 when the probe placed a no-op in a scope
 ``dispatch_scope_placement{caller,placement}`` gauge  1 for the placement each caller gets now
 ``dispatch_serve_up``                       gauge     1 while a gateway holds the state dir
+``dispatch_keeper_fork_server_up``          gauge     1 while the gateway's keeper fork
+                                                      server runs
+``dispatch_keepers_forked_total``           counter   keepers the gateway's fork server started
+``dispatch_keeper_fallbacks_total{reason}`` counter   keepers started the usual way instead
+                                                      (``missing``, ``dead``, ``busy``,
+                                                      ``timeout``, ``refused``, ``other``)
 ``dispatch_cluster_host_lease_live{host}``  gauge     cluster mode: 1 while the host's lease is
                                                       live (database clock)
 ``dispatch_cluster_host_epoch{host}``       gauge     cluster mode: the host's lease epoch
@@ -46,10 +52,17 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
                                                       without PSI)
 ``dispatch_admission_cpu_pressure_percent``  gauge    PSI cpu ``some avg10``
 ``dispatch_admission_memory_available_bytes`` gauge   ``MemAvailable``
+``dispatch_limit_in_use{limit}``            gauge     runs and cron fires holding a named limit
+``dispatch_limit_capacity{limit}``          gauge     its concurrency cap (limits that have one)
+``dispatch_limit_waiting{limit}``           gauge     ready cards and cron fires it holds back
+``dispatch_limit_window_starts{limit}``     gauge     starts its rate window counts now
+``dispatch_limit_window_capacity{limit}``   gauge     starts the rate window allows
 ``dispatch_state_readable``                 gauge     0 when the state could not be read
 =========================================== ========= =========================================
 
-The cron families cover the ledger rows still kept (``cron`` prunes old ones), so they can
+The keeper families count from the gateway's start (its status file, refreshed every 5 s);
+Prometheus' ``rate()`` treats a restart as a counter reset. The cron families cover the ledger
+rows still kept (``cron`` prunes old ones), so they can
 drop; Prometheus' ``rate()`` treats that as a counter reset.
 """
 
@@ -60,6 +73,7 @@ import collections
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from prometheus_client.core import (
     CollectorRegistry,
@@ -186,7 +200,7 @@ class DispatchCollector(Collector):
         """Read everything now; a part that cannot be read is left out and
         ``dispatch_state_readable`` says so."""
         readable = 1.0
-        for part in (self._board, self._cron, self._host, self._admission):
+        for part in (self._board, self._cron, self._host, self._admission, self._limits):
             try:
                 yield from list(part())
             except (DispatchError, OSError, ValueError) as err:
@@ -284,6 +298,7 @@ class DispatchCollector(Collector):
         yield GaugeMetricFamily(
             "dispatch_serve_up", "1 while a gateway holds the state dir", source.gateway_running()
         )
+        yield from _keepers(source.keepers())
         report = source.doctor()
         yield GaugeMetricFamily(
             "dispatch_scope_probe_ok",
@@ -319,6 +334,42 @@ class DispatchCollector(Collector):
             if readings[key] is not None:
                 yield GaugeMetricFamily(f"dispatch_admission_{name}", text, readings[key])
 
+    def _limits(self) -> Iterator[Metric]:
+        """The named limits, from ``dispatch limits``'s own document."""
+        doc = self.source.limits()
+        families = {
+            "in_use": GaugeMetricFamily(
+                "dispatch_limit_in_use", "Runs and cron fires holding the limit", labels=["limit"]
+            ),
+            "capacity": GaugeMetricFamily(
+                "dispatch_limit_capacity", "The limit's concurrency cap", labels=["limit"]
+            ),
+            "waiting": GaugeMetricFamily(
+                "dispatch_limit_waiting",
+                "Ready cards and cron fires the limit holds back",
+                labels=["limit"],
+            ),
+            "window_starts": GaugeMetricFamily(
+                "dispatch_limit_window_starts",
+                "Starts the limit's rate window counts now",
+                labels=["limit"],
+            ),
+            "window_capacity": GaugeMetricFamily(
+                "dispatch_limit_window_capacity",
+                "Starts the limit's rate window allows",
+                labels=["limit"],
+            ),
+        }
+        for entry in doc:
+            label = [entry["name"]]
+            families["in_use"].add_metric(label, entry["in_use"])
+            waiting = entry["waiting_cards"] + len(entry["waiting_fires"])
+            families["waiting"].add_metric(label, waiting)
+            for key in ("capacity", "window_starts", "window_capacity"):
+                if entry[key] is not None:
+                    families[key].add_metric(label, entry[key])
+        yield from families.values()
+
     def _cluster(self) -> Iterator[Metric]:
         live = GaugeMetricFamily(
             "dispatch_cluster_host_lease_live", "1 while the host's lease is live", labels=["host"]
@@ -331,6 +382,29 @@ class DispatchCollector(Collector):
             epoch.add_metric([row.host_id], row.epoch)
         yield live
         yield epoch
+
+
+def _keepers(keepers: dict[str, Any] | None) -> Iterator[Metric]:
+    """The gateway's keeper fork server: up, keepers forked, fallbacks by reason."""
+    found = keepers or {}
+    yield GaugeMetricFamily(
+        "dispatch_keeper_fork_server_up",
+        "1 while the gateway's keeper fork server runs",
+        float(bool(found.get("running"))),
+    )
+    yield CounterMetricFamily(
+        "dispatch_keepers_forked",
+        "Keepers the gateway's fork server started",
+        int(found.get("forked") or 0),
+    )
+    fallbacks = CounterMetricFamily(
+        "dispatch_keeper_fallbacks",
+        "Keepers started the usual way although the gateway has a fork server",
+        labels=["reason"],
+    )
+    for reason, count in sorted((found.get("fallbacks") or {}).items()):
+        fallbacks.add_metric([str(reason)], int(count))
+    yield fallbacks
 
 
 def metrics_registry(source: Source) -> CollectorRegistry:

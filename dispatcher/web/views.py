@@ -47,6 +47,10 @@ class Tile:
     """A ``ready`` card backing off or deferred: when its next try may start."""
     unconfigured: bool = False
     """The card needs an assignee the loaded config does not name (it will not be claimed)."""
+    group: str | None = None
+    """The card's group (claims take turns between groups)."""
+    waiting: str | None = None
+    """The full named limit a ready card waits for: ``limit openai (6 of 6 running)``."""
     rank: str
     """Sorts the column's tiles as the board orders them (text order)."""
 
@@ -90,10 +94,11 @@ def tile(
     host: str | None,
     limit_for: Callable[[str], int],
     assignees: Collection[str] | None = None,
+    waiting: str | None = None,
 ) -> Tile:
     """A card as the board shows it (``run``: its open run, if any, claimed on ``host``;
     ``limit_for``: the tries an assignee's cards get, ``kanban.limit_for``; ``assignees``: the
-    configured ones, None when unknown)."""
+    configured ones, None when unknown; ``waiting``: the full named limit it waits for)."""
     return Tile(
         id=card.id,
         title=card.title,
@@ -112,6 +117,8 @@ def tile(
         waits_for=card.parents if card.status is CardStatus.TODO else (),
         retry_at=card.retry_at if card.status is CardStatus.READY else None,
         unconfigured=unconfigured(card, assignees),
+        group=card.group,
+        waiting=waiting,
         rank=rank(card),
     )
 
@@ -124,15 +131,27 @@ def tiles(
     limit_for: Callable[[str], int],
     hosts: Mapping[str, str | None] | None = None,
     assignees: Collection[str] | None = None,
+    waits: Mapping[str, str] | None = None,
 ) -> list[Tile]:
     """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host);
-    a card whose assignee is not among ``assignees`` is marked."""
+    a card whose assignee is not among ``assignees`` is marked, one a full limit holds back
+    says which (``waits``)."""
     open_runs = {run.run_id: run for run in runs if run.open}
     found = []
     for card in cards:
         run = open_runs.get(card.current_run_id or "")
         host = run_host(run, hosts or {}, local_host) if run else None
-        found.append(tile(card, run, host=host, limit_for=limit_for, assignees=assignees))
+        waiting = (waits or {}).get(card.id)
+        found.append(
+            tile(
+                card,
+                run,
+                host=host,
+                limit_for=limit_for,
+                assignees=assignees,
+                waiting=waiting,
+            )
+        )
     return found
 
 

@@ -512,6 +512,13 @@ class Keeper:
         """Signals, log, reserved exit record, stdin FIFO; before the worker exists."""
         for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGHUP):
             _signal.signal(sig, _signal.SIG_IGN)
+        if self.ready_fd is not None:
+            # Handed down inheritable (pass_fds, or the fork server's dup2): the worker must
+            # not inherit the launcher's pipe.
+            try:
+                posix.set_inheritable(self.ready_fd, False)
+            except OSError:
+                self.ready_fd = None
         self.wake_r, self.wake_w = posix.pipe()
         posix.set_blocking(self.wake_r, False)
         posix.set_blocking(self.wake_w, False)

@@ -21,7 +21,7 @@ from registry.live.notifier import Notifier
 from registry.output.hooks import OutputHooks
 from registry.settings import RegistrySettings
 from registry.store.sessions import SessionStore, StoredSession
-from scope.abc import Scoper
+from scope.abc import Scoper, Starter
 from scope.foundation.clock import Clock
 from scope.foundation.errors import NotFoundError
 
@@ -36,6 +36,8 @@ class LaunchOptions:
     """The interpreter that runs the keeper."""
     keeper_argv: tuple[str, ...]
     """The keeper command (interpreter, flags, script), before the spec path."""
+    starter: Starter | None = None
+    """Starts keepers instead of ``Popen`` (the keeper fork server), None: ``Popen``."""
     ready_timeout: float = 30.0
     """Seconds a spawn waits for the keeper's "started" signal."""
     follow: bool = True

@@ -24,6 +24,7 @@ from registry.lifecycle.parts import LaunchOptions, Parts
 from registry.lifecycle.reconcile import Reconciler
 from registry.live.heartbeat import clamp_interval
 from registry.live.watch import parse_patterns
+from registry.proc.identity import Identity, alive
 from registry.proc.refusal import GatewayIdentity, gateway_kill_reason
 from registry.store.database import ensure_private_dir
 from registry.store.sessions import Placed
@@ -48,9 +49,17 @@ class _Start:
 
     session_id: str
     sdir: SessionDir
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None
+    """The keeper when it is our child; None when the fork server started it."""
+    keeper: Identity | None
     started: bool
     """The keeper signalled that the worker started (or failed to)."""
+
+    def keeper_ended(self) -> bool:
+        """Whether the keeper is gone (ours: reaped now; else by pid and start time)."""
+        if self.process is not None:
+            return self.process.poll() is not None
+        return self.keeper is None or not alive(self.keeper)
 
 
 class Spawner:
@@ -112,28 +121,35 @@ class Spawner:
                 raise
             os.close(ready_w)
             ready_w = -1
-            keeper = read_stat(launched.pid)
+            keeper = _keeper_identity(launched)
             parts.store.update(
                 draft.id,
                 Placed(
                     placement=launched.placement,
                     unit=launched.unit,
                     keeper_pid=launched.pid,
-                    keeper_start=keeper.start_time if keeper else None,
+                    keeper_start=keeper.start if keeper else None,
                     warning=launched.warning,
                     resources=None
                     if launched.resources is None
                     else ResourceClass.of(launched.resources, launched.ineffective),
                 ),
             )
-            with parts.tracking.lock:
-                parts.tracking.children[draft.id] = launched.process
+            if launched.process is not None:
+                with parts.tracking.lock:
+                    parts.tracking.children[draft.id] = launched.process
             started = await_ready(ready_r, self.options.ready_timeout)
         finally:
             os.close(ready_r)
             if ready_w >= 0:
                 os.close(ready_w)
-        return _Start(session_id=draft.id, sdir=sdir, process=launched.process, started=started)
+        return _Start(
+            session_id=draft.id,
+            sdir=sdir,
+            process=launched.process,
+            keeper=keeper,
+            started=started,
+        )
 
     def _draft(self, request: SpawnRequest, argv: list[str]) -> Session:
         """The row as stored before the launch (in process, no keeper yet)."""
@@ -219,6 +235,7 @@ class Spawner:
                     gated=True,
                     start_new_session=True,
                     resources=request.resources,
+                    starter=self.options.starter,
                 ),
                 request.caller,
                 wants_isolation=request.wants_isolation,
@@ -231,22 +248,33 @@ class Spawner:
         parts, process, sdir = self.parts, start.process, start.sdir
         following = parts.tracking.follower is not None
         stored = self.reconciler.note_keeper_info(parts.load(start.session_id))
-        if not start.started and not sdir.has_exit() and process.poll() is not None:
+        if not start.started and not sdir.has_exit() and start.keeper_ended():
             # The keeper died before starting anything.
             reason = self.finalizer.lost_reason(stored, process)
             return self.finalizer.settle(start.session_id, lost=reason)
         if sdir.has_exit():
             # Failed to start, or already done. The keeper may still capture a descendant's
             # output for a while: a follower reaps it later; without one, refresh does.
-            if process.poll() is None and following:
+            ended = start.keeper_ended()
+            if not ended and following:
                 # Followed first, so the follower's own look at the end is a repeat, not news.
                 self.reconciler.follow(stored, process, fresh=True)
-            elif process.poll() is not None:
+            elif ended:
                 self.reconciler.forget_child(start.session_id)
             return self.finalizer.settle(start.session_id)
         if following:
             self.reconciler.follow(stored, process, fresh=True)
         return self.reconciler.refresh(parts.load(start.session_id)).session
+
+
+def _keeper_identity(launched: Launched) -> Identity | None:
+    """The keeper's pid and start time: as the starter read them right after its fork (it
+    is not our child, so its pid could be reused once it ends), else read now (our child's
+    pid stays ours until we reap it)."""
+    if launched.start_time is not None:
+        return Identity(pid=launched.pid, start=launched.start_time)
+    stat = read_stat(launched.pid)
+    return Identity(pid=launched.pid, start=stat.start_time) if stat else None
 
 
 def _heartbeat_of(value: float | None) -> float | None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-import zoneinfo
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scope.foundation.errors import Invalid
 from scope.foundation.text import quote, strip_blanks
+
+if TYPE_CHECKING:  # zoneinfo is imported where a zone is loaded: `kanban defer` needs none
+    import zoneinfo
 
 # --- durations -------------------------------------------------------------------------------
 
@@ -242,6 +244,8 @@ MAX_ZONE_NAME = 255
 def load_zone_info(name: Any) -> zoneinfo.ZoneInfo:
     """The IANA zone ``name`` (``Europe/Berlin``); :class:`Invalid` when it is not a zone name
     or this host has no such zone."""
+    import zoneinfo
+
     problem = f"unknown time zone {quote(name)}; use an IANA name such as Europe/Berlin or UTC"
     if not isinstance(name, str) or len(name) > MAX_ZONE_NAME or not _ZONE_NAME.fullmatch(name):
         raise Invalid(problem)

@@ -1,12 +1,25 @@
 """Start-up cost of the ``dispatch`` CLI compared with a bare Python interpreter.
 
-Every cron fire and every oneshot ``dispatch kanban tick`` pays the CLI's start-up, so it is
-measured against ``python -c pass`` (the floor for any Python program) and ``python -I -S -c
-pass`` (the floor the keeper aims for: no site, no user paths). The same interpreter runs all
-of them, interleaved, so the ratios show what our imports cost, not which Python is installed
-or how loaded the machine is. Targets (issue 14): ``dispatch --version`` <= 1.3x and
-``dispatch kanban add`` <= 1.6x ``python -c pass``. ``kanban add`` runs against a config with
-one assignee and its own state dir (every run adds a card, as an operator's would).
+Every cron fire, every oneshot ``dispatch kanban tick`` and every worker's report pays the
+CLI's start-up, so it is measured against ``python -c pass`` (the floor for any Python
+program) and ``python -I -S -c pass`` (the floor the keeper aims for: no site, no user paths).
+The same interpreter runs all of them, interleaved, so the ratios show what our imports cost,
+not which Python is installed or how loaded the machine is.
+
+Targets: ``dispatch --version`` <= 1.3x (issue 14); the short write commands ``kanban add``,
+``complete``, ``block``, ``review`` and ``defer`` <= 3x ``python -c pass`` (issue 26). They run
+against a config with one assignee and their own state dir: every ``add`` adds a card, as an
+operator's would, and every worker report reports on a card of its own, claimed before the
+timed run, with the environment a worker has (``DISPATCH_RUN_ID``, ``DISPATCH_HOST_ID``).
+
+Every command runs with its bytecode cached, as an installed package has it (pip compiles it):
+the runs write and read their caches in a scratch ``PYTHONPYCACHEPREFIX``, whatever
+``PYTHONDONTWRITEBYTECODE`` says (with it set and no cache, every start would compile every
+module of ours, some 40 ms here), and the untimed first round fills it.
+
+``DISPATCH_BENCH_BEFORE=DIR`` (a source tree of an older commit, e.g. ``git archive``d) adds
+a "(before)" row for each ``dispatch`` command: the same command run from that tree, in the
+same interleaved rounds, on a state dir of its own.
 """
 
 from __future__ import annotations
@@ -15,28 +28,136 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tests.benchmarks.common import REPO_ROOT, Row, measure_commands, median, percentile, ratio
+from tests.benchmarks.common import (
+    REPO_ROOT,
+    Launch,
+    Row,
+    measure_commands,
+    median,
+    percentile,
+    ratio,
+)
 
 NAME = "cli_startup"
 DESCRIPTION = (
-    "dispatch --version and dispatch kanban add vs python -c pass and python -I -S -c pass "
-    "(median wall time)"
+    "dispatch --version, kanban add and the worker reports (complete, block, review, defer) "
+    "vs python -c pass and python -I -S -c pass (median wall time)"
 )
 
-CLI = [sys.executable, "-m", "dispatcher.cli.main", "--version"]
-ADD = [sys.executable, "-m", "dispatcher.cli.main", "kanban", "add", "bench", "--assignee", "w"]
+CLI = [sys.executable, "-m", "dispatcher.cli.main"]
 BARE = [sys.executable, "-c", "pass"]
 ISOLATED = [sys.executable, "-I", "-S", "-c", "pass"]
-TARGETS = {"dispatch --version": 1.3, "dispatch kanban add": 1.6}
+VERSION = "dispatch --version"
+ADD = "dispatch kanban add"
+REPORTS = {
+    "dispatch kanban complete": ["complete"],
+    "dispatch kanban block": ["block", "--kind", "transient", "--reason", "bench"],
+    "dispatch kanban review": ["review"],
+    "dispatch kanban defer": ["defer", "--for", "1h"],
+}
+TARGETS = {VERSION: 1.3, ADD: 3.0, **dict.fromkeys(REPORTS, 3.0)}
+CONFIG = "kanban:\n  assignees:\n    w:\n      command: [sh, -c, ':']\n"
+HOST = "bench-host"
 
 
-def _cli_problem(argv: list[str], env: dict[str, str]) -> str | None:
+# Claims cards through the board store of the tree it runs in (its cwd), one per input line.
+CLAIMER = """
+import sys, time
+from pathlib import Path
+from dispatcher.app.database import open_state
+from dispatcher.kanban.model import Limits, NewCard
+from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
+db = open_state(Path(sys.argv[1]))
+store, me, limits = SqliteBoardStore(db), Claimant.current(), Limits(max_in_progress=10**9)
+for _ in sys.stdin:
+    now = time.time()
+    card, _ = store.add_card(NewCard(title="bench", assignee="w"), now=now)
+    claim = store.claim(card.id, now=now, claimer=me, limits=limits)
+    print(card.id, claim.run.run_id, flush=True)
+db.close()
+"""
+
+
+class Claims:
+    """Running cards on one state dir, claimed through the board store (one per report) of
+    the source tree ``cwd`` (a helper process in it: an older tree refuses a database that
+    newer code has migrated)."""
+
+    def __init__(self, state_dir: Path, cwd: Path | None) -> None:
+        self._helper = subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, str(state_dir)],
+            cwd=cwd or REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def next(self) -> tuple[str, str]:
+        """A new card, claimed: its id and its run's id."""
+        assert self._helper.stdin is not None and self._helper.stdout is not None
+        self._helper.stdin.write("claim\n")
+        self._helper.stdin.flush()
+        card, run = self._helper.stdout.readline().split()
+        return card, run
+
+    def close(self) -> None:
+        """End the helper."""
+        assert self._helper.stdin is not None
+        self._helper.stdin.close()
+        try:
+            self._helper.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._helper.kill()
+            self._helper.wait()
+
+
+def _report(
+    claims: Claims, words: Sequence[str], env: dict[str, str], cwd: Path | None
+) -> Callable[[], Launch]:
+    """A worker's report on a card claimed just before the run, from ``cwd``'s tree."""
+
+    def launch() -> Launch:
+        card, run = claims.next()
+        ids = {"DISPATCH_CARD_ID": card, "DISPATCH_RUN_ID": run, "DISPATCH_HOST_ID": HOST}
+        return Launch(argv=[*CLI, "kanban", *words], env={**env, **ids}, cwd=cwd)
+
+    return launch
+
+
+def _side(
+    scratch: Path, label: str, cwd: Path | None
+) -> tuple[dict[str, Sequence[str] | Callable[[], Launch]], Claims]:
+    """The ``dispatch`` commands of one source tree (``cwd``; None: this one), on a state dir of
+    their own."""
+    state = scratch / f"state{label}"
+    claims = Claims(state, cwd)
+    fixed = {"DISPATCH_STATE_DIR": str(state)}
+    commands: dict[str, Sequence[str] | Callable[[], Launch]] = {
+        VERSION + label: lambda: Launch(argv=[*CLI, "--version"], env=fixed, cwd=cwd),
+        ADD + label: lambda: Launch(
+            argv=[*CLI, "kanban", "add", "bench", "--assignee", "w"], env=fixed, cwd=cwd
+        ),
+    }
+    for figure, words in REPORTS.items():
+        commands[figure + label] = _report(claims, words, fixed, cwd)
+    return commands, claims
+
+
+def _cli_problem(what: Launch, env: dict[str, str]) -> str | None:
     """Why the CLI cannot be timed (it is missing or fails), or None when it runs."""
     try:
         done = subprocess.run(
-            argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=30, check=False
+            list(what.argv),
+            cwd=what.cwd or REPO_ROOT,
+            env={**env, **what.env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unavailable: {exc}"
@@ -64,18 +185,40 @@ def _row(figure: str, samples: list[float], baseline: float | None) -> Row:
 
 def run(quick: bool) -> list[Row]:
     """Median start-up times; a CLI row says "unavailable" when that command cannot run."""
-    repeat = 5 if quick else 30
-    with tempfile.TemporaryDirectory() as scratch:
-        config = Path(scratch) / "config.yaml"
-        config.write_text("kanban:\n  assignees:\n    w:\n      command: [sh, -c, ':']\n")
+    repeat = 3 if quick else 30
+    before = os.environ.get("DISPATCH_BENCH_BEFORE")
+    with tempfile.TemporaryDirectory() as scratch_name:
+        scratch = Path(scratch_name)
+        config = scratch / "config.yaml"
+        config.write_text(CONFIG)
         env = dict(os.environ)
-        env.update(DISPATCH_CONFIG=str(config), DISPATCH_STATE_DIR=str(Path(scratch) / "state"))
-        env.pop("_ARGCOMPLETE", None)
-        clis = {"dispatch --version": CLI, "dispatch kanban add": ADD}
-        problems = {figure: _cli_problem(argv, env) for figure, argv in clis.items()}
-        commands = {"bare": BARE, "isolated": ISOLATED}
-        commands.update({f: argv for f, argv in clis.items() if problems[f] is None})
-        samples = measure_commands(commands, repeat, env=env)
+        env.update(DISPATCH_CONFIG=str(config), PYTHONPYCACHEPREFIX=str(scratch / "pycache"))
+        for name in (
+            "_ARGCOMPLETE",
+            "DISPATCH_CARD_ID",
+            "DISPATCH_RUN_ID",
+            "DISPATCH_HOST_ID",
+            "DISPATCH_FAST_PATH",
+            "PYTHONDONTWRITEBYTECODE",
+        ):
+            env.pop(name, None)
+        clis, claims = _side(scratch, "", None)
+        opened = [claims]
+        if before:
+            older, claims = _side(scratch, " (before)", Path(before).resolve())
+            clis.update(older)
+            opened.append(claims)
+        try:
+            problems = {figure: _cli_problem(_launch(make), env) for figure, make in clis.items()}
+            commands: dict[str, Sequence[str] | Callable[[], Launch]] = {
+                "bare": BARE,
+                "isolated": ISOLATED,
+            }
+            commands.update({f: make for f, make in clis.items() if problems[f] is None})
+            samples = measure_commands(commands, repeat, env=env)
+        finally:
+            for each in opened:
+                each.close()
     bare = median(samples["bare"]) * 1000
     rows = [
         _row("python -c pass", samples["bare"], None),
@@ -88,3 +231,7 @@ def run(quick: bool) -> list[Row]:
         else:
             rows.append(Row(figure=figure, value=None, unit="ms", note=problem))
     return rows
+
+
+def _launch(make: Sequence[str] | Callable[[], Launch]) -> Launch:
+    return make() if callable(make) else Launch(argv=list(make))

@@ -6,6 +6,11 @@ cards per second of that tick. The baseline is a shell-free loop of `systemd-run
 --quiet true`, N times, measured in the same run against the same manager. The time until the
 board shows every card done (reconcile of the exit records) is reported too.
 
+Both keeper start paths are measured, interleaved: the tick forks keepers from a fork server
+(as ``dispatch kanban tick`` does when it may start many workers) or starts each as a fresh
+interpreter (``registry.fork_server: false``), in rounds of N/2 cards each, in the order fresh,
+forked, forked, fresh, with half the baseline loop before and half after.
+
 Needs a systemd user manager: the host's, or a private one booted like the test suite does.
 """
 
@@ -31,6 +36,9 @@ NAME = "kanban"
 DESCRIPTION = "kanban dispatch of N `true` cards with scoping vs a `systemd-run --scope true` loop"
 
 TARGET = 0.8
+"""Fresh keepers (the issue 6 target)."""
+FORKED_TARGET = 2.0
+"""Through the fork server (issue 26)."""
 
 
 def _baseline(manager: SystemdManager, count: int) -> float:
@@ -50,9 +58,11 @@ def _baseline(manager: SystemdManager, count: int) -> float:
     return time.perf_counter() - start
 
 
-def _dispatch(manager: SystemdManager, count: int) -> tuple[float, float, dict[str, int]]:
+def _dispatch(
+    manager: SystemdManager, count: int, *, forked: bool
+) -> tuple[float, float, dict[str, int]]:
     """Seconds for one tick that dispatches ``count`` cards, seconds until all are done, and
-    the placements used."""
+    the placements used (``forked``: keepers from a fork server)."""
     base = Path(tempfile.mkdtemp(prefix="bench-kanban-"))
     try:
         settings = parse_config(
@@ -61,7 +71,9 @@ def _dispatch(manager: SystemdManager, count: int) -> tuple[float, float, dict[s
             "bench-config.yaml",
         )
         state_dir = base / "state"
-        runtime = open_runtime(settings, state_dir, manager.env, caller_kind=CallerKind.ONESHOT)
+        runtime = open_runtime(
+            settings, state_dir, manager.env, caller_kind=CallerKind.ONESHOT, fork_server=forked
+        )
         try:
             store = SqliteBoardStore(runtime.db)
             now = time.time()
@@ -94,6 +106,9 @@ def _dispatch(manager: SystemdManager, count: int) -> tuple[float, float, dict[s
             done = store.status_counts()[CardStatus.DONE]
             if done != count:
                 raise RuntimeError(f"only {done} of {count} cards finished")
+            keepers = runtime.keeper_stats()
+            if forked and (keepers is None or keepers["fallbacks"]):
+                raise RuntimeError(f"keepers fell back from the fork server: {keepers}")
             return dispatched, finished, placements
         finally:
             runtime.close()
@@ -101,46 +116,76 @@ def _dispatch(manager: SystemdManager, count: int) -> tuple[float, float, dict[s
         shutil.rmtree(base, ignore_errors=True)
 
 
+class _Path:
+    """Totals of one start path over its rounds."""
+
+    def __init__(self) -> None:
+        self.cards = 0
+        self.dispatched = 0.0
+        self.finished = 0.0
+        self.placements: dict[str, int] = {}
+
+    def add(self, count: int, result: tuple[float, float, dict[str, int]]) -> None:
+        dispatched, finished, placements = result
+        self.cards += count
+        self.dispatched += dispatched
+        self.finished += finished
+        for key, value in placements.items():
+            self.placements[key] = self.placements.get(key, 0) + value
+
+
 def run(quick: bool) -> list[Row]:
     """Rates in cards (or scopes) per second; the ratio is against the systemd-run loop."""
     count = 30 if quick else 1000
+    half = count // 2
     try:
         manager = acquire_manager(dict(os.environ))
     except ManagerUnavailable as exc:
         note = f"no systemd user manager: {exc.reason.splitlines()[0]}"
         return [Row(figure="kanban dispatch rate", value=None, unit="cards/s", note=note)]
+    fresh, forked = _Path(), _Path()
     try:
-        base_seconds = _baseline(manager, count)
-        dispatched, finished, placements = _dispatch(manager, count)
+        base_seconds = _baseline(manager, half)
+        for path in (fresh, forked, forked, fresh):
+            path.add(half, _dispatch(manager, half, forked=path is forked))
+        base_seconds += _baseline(manager, count - half)
     finally:
         manager.close()
     base_rate = count / base_seconds
-    rate = count / dispatched
-    placed = ", ".join(f"{k}={v}" for k, v in sorted(placements.items()))
-    measured = ratio(rate, base_rate)
     return [
         Row(
             figure="systemd-run --user --scope true loop",
             value=base_rate,
             unit="scopes/s",
-            note=f"n={count}, {base_seconds * 1000 / count:.1f} ms each",
+            note=f"n={count} (half before, half after), {base_seconds * 1000 / count:.1f} ms each",
         ),
+        *_path_rows(fresh, base_rate, "", TARGET),
+        *_path_rows(forked, base_rate, ", fork server", FORKED_TARGET),
+    ]
+
+
+def _path_rows(path: _Path, base_rate: float, how: str, target: float) -> list[Row]:
+    rate = path.cards / path.dispatched
+    placed = ", ".join(f"{k}={v}" for k, v in sorted(path.placements.items()))
+    measured = ratio(rate, base_rate)
+    return [
         Row(
-            figure="kanban dispatch rate (one tick, scoped)",
+            figure=f"kanban dispatch rate (one tick, scoped{how})",
             value=rate,
             unit="cards/s",
             baseline=base_rate,
             ratio=measured,
-            target=f">= {TARGET}x",
-            met=None if measured is None else measured >= TARGET,
-            note=f"n={count}, {dispatched * 1000 / count:.1f} ms per card; placements {placed}",
+            target=f">= {target}x",
+            met=None if measured is None else measured >= target,
+            note=f"n={path.cards} in 2 ticks (interleaved), "
+            f"{path.dispatched * 1000 / path.cards:.1f} ms per card; placements {placed}",
         ),
         Row(
-            figure="kanban rate until all done",
-            value=count / finished,
+            figure=f"kanban rate until all done{how}",
+            value=path.cards / path.finished,
             unit="cards/s",
             baseline=base_rate,
-            ratio=ratio(count / finished, base_rate),
-            note=f"n={count}, includes reconciling {count} exit records",
+            ratio=ratio(path.cards / path.finished, base_rate),
+            note=f"n={path.cards}, includes reconciling {path.cards} exit records",
         ),
     ]

@@ -14,12 +14,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "REPO_ROOT",
+    "Launch",
     "Row",
     "Timer",
     "measure",
@@ -118,8 +119,19 @@ def measure(fn: Callable[[], object], repeat: int, *, warmup: int = 1) -> list[f
     return samples
 
 
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """One run of a command that :func:`measure_commands` prepares afresh for every run (a
+    card to complete, say): its argv, variables added to the common environment, and the
+    directory it runs in (None: the common one)."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+
+
 def measure_commands(
-    commands: Mapping[str, Sequence[str]],
+    commands: Mapping[str, Sequence[str] | Callable[[], Launch]],
     repeat: int,
     *,
     cwd: Path = REPO_ROOT,
@@ -128,21 +140,28 @@ def measure_commands(
 ) -> dict[str, list[float]]:
     """Wall time of running each command to completion, ``repeat`` times each (seconds).
 
-    Runs are interleaved (A B C A B C ...) after one untimed warm-up round, so drift in machine
-    load or caches affects every command alike and ratios stay fair. Output is discarded. Raises
-    ``subprocess.CalledProcessError`` if a command fails, since its timing would be meaningless.
+    A command is an argv, or a function returning a :class:`Launch`, called before every run
+    and outside the timed part. Runs are interleaved (A B C A B C ...) after one untimed
+    warm-up round, so drift in machine load or caches affects every command alike and ratios
+    stay fair. Output is discarded. Raises ``subprocess.CalledProcessError`` if a command
+    fails, since its timing would be meaningless.
     """
     run_env = dict(os.environ if env is None else env)
 
-    def run(argv: Sequence[str]) -> None:
+    def launch(command: Sequence[str] | Callable[[], Launch]) -> Launch:
+        if callable(command):
+            return command()
+        return Launch(argv=list(command))
+
+    def run(what: Launch) -> None:
         # Not subprocess.run(timeout=...): with a timeout, Popen.wait polls with sleeps that
         # double up to 50 ms, which rounds every measured time up to its polling steps (a
         # 25 ms command measured as 64 ms). A blocking wait returns at once; a timer kills a
         # command that hangs.
         process = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=run_env,
+            list(what.argv),
+            cwd=what.cwd or cwd,
+            env={**run_env, **what.env},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -154,14 +173,15 @@ def measure_commands(
         finally:
             watchdog.cancel()
         if code != 0:
-            raise subprocess.CalledProcessError(code, list(argv))
+            raise subprocess.CalledProcessError(code, list(what.argv))
 
-    for argv in commands.values():
-        run(argv)
+    for command in commands.values():
+        run(launch(command))
     samples: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(repeat):
-        for name, argv in commands.items():
+        for name, command in commands.items():
+            what = launch(command)
             start = time.perf_counter()
-            run(argv)
+            run(what)
             samples[name].append(time.perf_counter() - start)
     return samples

@@ -3,7 +3,9 @@
 * ``fake``: :class:`registry.fake.FakeRegistry` (in memory; a test ends its sessions);
 * ``process``: :class:`registry.process.ProcessRegistry` with real keepers and processes;
 * ``systemd``: the same, placed in real scopes by a private systemd user manager (the
-  ``systemd`` tier: skipped without one, a failure in CI).
+  ``systemd`` tier: skipped without one, a failure in CI);
+* ``process-forked`` and ``systemd-forked``: both again with keepers forked by the fork server
+  (tests/support/keepers.py) instead of started as fresh interpreters.
 
 A later backend is one more parameter of :func:`subject`. Each test states a promise of the
 contract; implementation details (keeper files, unit names) are tested elsewhere.
@@ -41,6 +43,7 @@ from scope.foundation.errors import NotFoundError, UsageError
 from scope.foundation.ids import AmbiguousId, IdKind, IdTooShort
 from scope.resources import ScopeProperties
 from scope.settings import ScopeSettings
+from tests.support.keepers import start_path
 from tests.support.systemd import SystemdManager
 from tests.support.wait import wait_for
 from tests.test_events_support import ECHO
@@ -108,12 +111,26 @@ def _process(state_dir: Path, scoper: Scoper | None, placement: Placement) -> It
 
 
 @pytest.fixture(
-    params=["fake", "process", pytest.param("systemd", marks=pytest.mark.systemd)],
+    params=[
+        "fake",
+        "process",
+        "process-forked",
+        pytest.param("systemd", marks=pytest.mark.systemd),
+        pytest.param("systemd-forked", marks=pytest.mark.systemd),
+    ],
 )
 def subject(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
     if request.param == "fake":
         yield _fake()
-    elif request.param == "process":
+        return
+    path = "fork_server" if request.param.endswith("-forked") else "direct"
+    with start_path(path):
+        yield from _real(request, tmp_path)
+
+
+def _real(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+    """The process registry, its keepers started on the start path now in force."""
+    if request.param.startswith("process"):
         with _process(tmp_path / "state", None, Placement.IN_PROCESS) as found:
             yield found
     else:
