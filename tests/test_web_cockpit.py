@@ -191,11 +191,14 @@ def test_the_timeline_draws_each_run_from_claim_to_end(dash: Dash) -> None:
     assert zoom and "span=150s" in unescape(zoom.group(1))
 
 
-def blocked_cards(dash: Dash, count: int, title: str = "stuck") -> list[str]:
+def blocked_cards(
+    dash: Dash, count: int, title: str = "stuck", group: str | None = None
+) -> list[str]:
     store = dash.source.store
     ids = []
     for n in range(count):
-        card, _ = store.add_card(NewCard(title=f"{title} {n}", assignee="echo"), now=time.time())
+        new = NewCard(title=f"{title} {n}", assignee="echo", group=group)
+        card, _ = store.add_card(new, now=time.time())
         store.move(card.id, CardStatus.BLOCKED, now=time.time())
         ids.append(card.id)
     return ids
@@ -280,6 +283,34 @@ def test_a_whole_result_is_confirmed_by_its_count(dash: Dash) -> None:
     assert all(dash.source.store.get_card(i).status is CardStatus.BLOCKED for i in ids)
     done = dash.client.post("/search/act", data={**fields, "count": "5", "confirm": "yes"})
     assert "5 of 5 cards unblocked." in done.text
+
+
+def test_search_by_group_shows_it_and_a_bulk_action_takes_that_group_only(dash: Dash) -> None:
+    night = blocked_cards(dash, 3, "night", group="night shift")
+    day = blocked_cards(dash, 2, "day", group="day")
+    loose = blocked_cards(dash, 2, "loose")
+    html = dash.client.get("/search", params={"q": 'group:"night shift"'}).text
+    assert set(re.findall(r'<tr data-card="([^"]*)"', html)) == set(night)
+    groups = re.findall(r'<td class="group">(.*?)</td>', html)
+    assert len(groups) == 3 and all(">night shift</a>" in g for g in groups)
+    # Each shown group links to its own search.
+    link_to = unescape(re.findall(r'<td class="group"><a href="([^"]*)"', html)[0])
+    assert set(re.findall(r'<tr data-card="([^"]*)"', dash.client.get(link_to).text)) == set(night)
+    every = dash.client.get("/search?q=status:blocked").text
+    assert len(re.findall(r'<td class="group">-</td>', every)) == len(loose)
+    dash.sign_in()
+    fields = {
+        "csrf": dash.token("cards.bulk"),
+        "action": "unblock",
+        "scope": "all",
+        "q": "group:day status:blocked",
+        "count": "2",
+        "confirm": "yes",
+    }
+    done = dash.client.post("/search/act", data=fields)
+    assert "2 of 2 cards unblocked." in done.text
+    statuses = {i: dash.source.store.get_card(i).status for i in night + day + loose}
+    assert [i for i, s in statuses.items() if s is not CardStatus.BLOCKED] == day
 
 
 def test_bulk_actions_need_the_secret_and_the_token(dash: Dash) -> None:

@@ -59,13 +59,14 @@ class Cockpit(WebHome):
             store = SqliteBoardStore(db)
             self.seed = seed_small(store, start=start, step=self.window.step)
             self.blocked = [self._blocked(store, f"stuck {n}") for n in range(50)]
-            self.others = [self._blocked(store, f"other {n}") for n in range(3)]
+            self.others = [self._blocked(store, f"other {n}", "night shift") for n in range(3)]
             _fires(Ledger(db), start + 5 * self.window.step)
         self.web = WebProcess(self.config, self.state, self.env)
 
     @staticmethod
-    def _blocked(store: SqliteBoardStore, title: str) -> str:
-        card, _ = store.add_card(NewCard(title=title, assignee="echo"), now=time.time())
+    def _blocked(store: SqliteBoardStore, title: str, group: str | None = None) -> str:
+        new = NewCard(title=title, assignee="echo", group=group)
+        card, _ = store.add_card(new, now=time.time())
         store.move(card.id, CardStatus.BLOCKED, now=time.time())
         return card.id
 
@@ -211,6 +212,22 @@ def test_search_finds_by_each_field(
     page.wait_for_url("**/search?**")
     found = {r.get_attribute("data-card") for r in page.locator("#results tbody tr").all()}
     assert found == {cockpit.seed.cards[name] for name in want}
+
+
+def test_search_finds_by_group(page: Any, cockpit: Cockpit) -> None:
+    page.goto(cockpit.web.url + "/search")
+    page.fill("#q", 'group:"night shift"')
+    page.press("#q", "Enter")
+    page.wait_for_url("**/search?**")
+    found = {r.get_attribute("data-card") for r in page.locator("#results tbody tr").all()}
+    assert found == set(cockpit.others)
+    assert set(page.locator("#results td.group").all_inner_texts()) == {"night shift"}
+    # From any result, a card's group is one click away.
+    page.goto(cockpit.web.url + "/search?q=other")
+    page.click("#results td.group a >> nth=0")
+    page.wait_for_url("**/search?q=group*")
+    assert page.input_value("#q") == 'group:"night shift"'
+    assert page.locator("#results tbody tr").count() == 3
 
 
 def test_search_by_id_and_time(page: Any, cockpit: Cockpit) -> None:

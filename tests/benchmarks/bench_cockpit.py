@@ -13,7 +13,8 @@ The 24-hour page (the default) is reported the same way.
 
 (b) *search*: ``GET /search`` over the same 100,000 cards, a mix of what an operator types (no
 filter, a title word, a status, an assignee with words, an id prefix, ``changed:24h``, a word
-no title holds, a sort by title), p50 over all loads.
+no title holds, a group alone and with a status (a third of the cards are in one of 40
+groups), a sort by title), p50 over all loads.
 
 (c) *dashboards polling the charts*: the gateway benchmark's ready -> worker running
 measurement (:func:`tests.benchmarks.bench_gateway._latency`), run alternately without a
@@ -69,6 +70,8 @@ QUERIES = (
     "c_00000a",
     "changed:24h",
     "zzz",
+    "group:customer-7",
+    "group:customer-7 status:ready",
 )
 
 

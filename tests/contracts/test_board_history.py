@@ -142,6 +142,9 @@ def test_search_by_each_field(store: BoardStore) -> None:
     grouped, _ = store.add_card(NewCard(title="grouped", assignee="a", group="nightly"), now=T0)
     assert found("group:nightly") == [grouped.id]
     assert found("grouped group:other") == []
+    spaced, _ = store.add_card(NewCard(title="s", assignee="a", group="night shift"), now=T0)
+    assert found('group:"night shift"') == [spaced.id]
+    assert found("group:night") == []  # the whole name, not a part of it
 
 
 def test_search_sorts_and_pages(store: BoardStore) -> None:
