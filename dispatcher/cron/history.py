@@ -9,7 +9,9 @@ refused, else, for a decision that never became a worker (``skipped_overlap``, `
 :class:`SqlFireHistory` reads two index ranges (``cron_fires_ended`` on the end time;
 ``cron_fires_decided``, a partial index of the rows without one, on the decision time) and
 streams them through :func:`fire_tally`, as the in-memory ledger streams its records
-(:func:`fire_buckets`); :func:`fires_in` is the same list over records.
+(:func:`fire_buckets`), for the buckets the rollup does not hold (:mod:`dispatcher.rollup`:
+the stored answers of settled buckets, whole and per job); :func:`fires_in` is the same list
+over records.
 """
 
 from __future__ import annotations

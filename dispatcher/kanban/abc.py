@@ -315,10 +315,10 @@ class BoardStore(abc.ABC):
 
     @abc.abstractmethod
     def roll_up(self, now: float, *, spans: int = 12) -> int:
-        """Store the answers of settled buckets of :data:`dispatcher.rollup.STEPS` that have
-        none yet (newest first, at most ``spans`` spans of two hours, each in a write
-        transaction of its own; forgetting those past the horizon) and return how many were
-        stored: 0 when the rollup is current. It never changes what :meth:`run_buckets` and
+        """Store the answers of settled buckets of :data:`dispatcher.rolluptables.STEPS` that
+        have none yet (newest first, at most ``spans`` spans of two hours, in short write
+        transactions; forgetting those past the horizon) and return how many were stored: 0
+        when the rollup is current. It never changes what :meth:`run_buckets` and
         :meth:`status_flows` answer, only how much they count (:mod:`dispatcher.rollup`); a
         store that counts in memory keeps nothing and returns 0."""
 

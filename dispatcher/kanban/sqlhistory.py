@@ -1,16 +1,19 @@
 """The board's history and search in SQL: :class:`SqlHistory`, shared by SQLite and PostgreSQL.
 
-Every read is a range on an index, never a walk of the whole board or log:
+The charts' buckets come from the rollup where it holds them (:mod:`dispatcher.rollup`: the
+stored answers of settled buckets, exact by triggers); the others are counted, and every read
+is a range on an index, never a walk of the whole board or log:
 
 * closed runs by end time (``kanban_runs_closed``, which holds every column the charts read,
   so a month of runs comes from the index alone): streamed once through
   :func:`~dispatcher.kanban.history.run_tally`, the function the in-memory store uses too;
   the runs behind a bar, the timeline (plus the open runs, ``kanban_runs_open``);
-* events by sequence number: the log is appended in time order, so the first event of a window
-  is found by a binary search on the primary key (:meth:`SqlHistory._first_seq`; a margin of
-  :data:`SKEW` covers writers whose clock reading and commit are a moment apart), and the
-  window's status changes are counted in the database (``GROUP BY`` bucket, kind and the few
-  data fields :func:`~dispatcher.kanban.history.transition` reads);
+* events by sequence number: the log is appended in time order, so the first and the last
+  event of a window are found by a binary search on the primary key
+  (:meth:`SqlHistory._first_seq`; a margin of :data:`SKEW` covers writers whose clock reading
+  and commit are a moment apart), and the window's status changes are counted in the
+  database (``GROUP BY`` bucket, kind and the few data fields
+  :func:`~dispatcher.kanban.history.transition` reads);
 * card search: the statuses' index, the id's primary key; title words are a scan of the
   titles (100,000 cards take tens of milliseconds).
 
@@ -37,8 +40,7 @@ if TYPE_CHECKING:
 SKEW = 300.0
 """Seconds an event's time may run behind the one appended before it (see the docstring)."""
 ROLL_SPANS = 12
-"""Spans (two hours each) one :meth:`SqlHistory.roll_up` call stores at most, each in a write
-transaction of its own."""
+"""Spans (two hours each) one :meth:`SqlHistory.roll_up` call stores at most."""
 
 _DATA_KINDS = {
     "from": ("moved", "archived"),

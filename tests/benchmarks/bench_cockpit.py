@@ -112,6 +112,7 @@ def _history_rows(runs: int, cards: int, loads: int) -> list[Row]:
             found += [_server(web.url + "/search?sort=title&desc=0") for _ in range(3)]
         finally:
             web.stop()
+        cluster = _postgres_rows(root, state, runs, loads)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     scale = f"{runs:,} runs of {cards:,} cards over 30 days"
@@ -145,7 +146,64 @@ def _history_rows(runs: int, cards: int, loads: int) -> list[Row]:
         _row("web: charts page, 24 h, warm, server time p50", day, scale),
         _row(f"web: search over {cards:,} cards, server time p50", found, f"{len(QUERIES)} queries "
              "and a sort by title, mixed; " + scale),
+        *cluster,
     ]  # fmt: skip
+
+
+def _postgres_rows(root: Path, state: Path, runs: int, loads: int) -> list[Row]:
+    """The same history in PostgreSQL (copied by ``dispatch state migrate``'s function, then
+    rolled up) and a ``dispatch web`` in cluster mode on it: the 30-day page's first and warm
+    loads."""
+    from dispatcher.app.database import open_state
+    from dispatcher.cluster.board import PgBoardStore
+    from dispatcher.cluster.database import ClusterDB
+    from dispatcher.cluster.ledger import PgLedger
+    from dispatcher.cluster.migrate import migrate
+    from dispatcher.web.roller import BATCH
+    from tests.support.postgres import PostgresUnavailable, start_server
+
+    figure = f"web on PostgreSQL: charts page, 30 days, {runs:,} runs, first load (server time)"
+    try:
+        server = start_server()
+    except PostgresUnavailable as exc:
+        return [Row(figure=figure, value=None, unit="ms", note=f"no PostgreSQL: {exc}")]
+    try:
+        url = server.url(server.create_database())
+        with open_state(state) as source, ClusterDB(url, pooled=False) as target:
+            migrate(source, target)
+            with target.connect(autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE")  # as autovacuum would have by now
+            rolled = time.perf_counter()
+            board, ledger = PgBoardStore(target), PgLedger(target)
+            now = time.time()
+            while board.roll_up(now, spans=BATCH) + ledger.roll_up(now, spans=BATCH):
+                pass
+            rolled = time.perf_counter() - rolled
+        config = root / "cluster.yaml"
+        config.write_text(CONFIG + f"cluster:\n  database: {url}\n  host_id: bench\n")
+        web = WebProcess(config, root / "host-state", no_bus_env(root), timeout=300)
+        try:
+            first = _server(web.url + "/charts?range=30d")
+            month = _warm(web.url + "/charts?range=30d", loads, 0.4)
+        finally:
+            web.stop()
+    finally:
+        try:
+            server.stop("immediate")
+        finally:
+            shutil.rmtree(server.root, ignore_errors=True)
+    scale = f"{runs:,} runs over 30 days in PostgreSQL 15"
+    return [
+        Row(
+            figure=figure,
+            value=first,
+            unit="ms",
+            target=f"<= {TARGET_FIRST_MS:g} ms",
+            met=first <= TARGET_FIRST_MS,
+            note=f"rollup built from nothing in {rolled:.1f} s first; {scale}; {_load()}",
+        ),
+        _row("web on PostgreSQL: charts page, 30 days, warm, server time p50", month, scale),
+    ]
 
 
 def _roll_up(state: Path) -> tuple[float, int]:
