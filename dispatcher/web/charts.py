@@ -74,11 +74,18 @@ class Painter:
     def __init__(self, win: Window, environ: Any) -> None:
         self.win = win
         self.zone = viewer_zone(environ)
+        self._named: dict[float, str] = {}
 
     def when(self, start: float) -> str:
-        """A bucket as people read it: ``09:05 to 09:10``."""
-        step = self.win.step
-        return f"{svg.stamp(start, self.zone, step)} to {svg.stamp(start + step, self.zone, step)}"
+        """A bucket as people read it: ``09:05 to 09:10`` (named once per page: every chart,
+        hover and table row of a bucket says the same)."""
+        named = self._named.get(start)
+        if named is None:
+            step = self.win.step
+            stamp = svg.stamp
+            named = f"{stamp(start, self.zone, step)} to {stamp(start + step, self.zone, step)}"
+            self._named[start] = named
+        return named
 
     def stacked(
         self,
