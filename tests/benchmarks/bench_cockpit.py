@@ -121,9 +121,8 @@ def _history_rows(runs: int, cards: int, loads: int) -> list[Row]:
             figure=f"web: rollup of 30 days, {runs:,} runs, built from nothing",
             value=rolled,
             unit="s",
-            note=f"{stored:,} bucket answers, in write transactions of two hours of history "
-            f"each (once, in the background, after an upgrade); history written in {built:.0f} s;"
-            f" {load_before}",
+            note=f"{stored:,} bucket answers, in write transactions of 50 ms at most (once, in the"
+            f" background, after an upgrade); history written in {built:.0f} s; {load_before}",
         ),
         Row(
             figure=f"web: charts page, 30 days, {runs:,} runs, first load (server time)",
