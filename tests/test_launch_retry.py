@@ -234,3 +234,18 @@ def test_list_and_board_show_a_card_backing_off() -> None:
     view = TimeView(now=NOW, zone=None)
     assert any("backing off" in line for line in board_text([waiting], paused=False, times=view))
     assert "backing off" in card_table([waiting], times=view)[1]
+
+
+def test_a_configured_rule_overrides_what_78_means_for_kanban() -> None:
+    # "Exit 75 and exit 78 keep their meaning ... as built-in rules that a config may override."
+    retry_78 = policy({"attempts": 3, "rules": [{"exit_codes": ["78"], "action": "retry"}]})
+    config = failed(78, Outcome.CONFIG_ERROR)
+    change = after_run(card(), RUN, config, Breaker(retry=retry_78, rng=half), NOW)
+    assert change.fields["status"] is CardStatus.READY
+    assert change.fields["retry_at"] == NOW + 5
+    assert change.fields["consecutive_failures"] == 1
+    at_limit = after_run(card(consecutive_failures=2), RUN, config, Breaker(retry=retry_78), NOW)
+    assert at_limit.fields["status"] is CardStatus.BLOCKED
+    # Without a rule of its own, 78 still trips the breaker at once.
+    plain = after_run(card(), RUN, config, Breaker(retry=policy({"attempts": 3})), NOW)
+    assert plain.fields["status"] is CardStatus.BLOCKED
