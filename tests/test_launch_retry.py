@@ -249,3 +249,25 @@ def test_a_configured_rule_overrides_what_78_means_for_kanban() -> None:
     # Without a rule of its own, 78 still trips the breaker at once.
     plain = after_run(card(), RUN, config, Breaker(retry=policy({"attempts": 3})), NOW)
     assert plain.fields["status"] is CardStatus.BLOCKED
+
+
+def test_retry_starts_over_and_show_says_no_attempt() -> None:
+    # "`kanban retry ID` starts over with a fresh attempt count": no stale "attempt 0 of 4".
+    from dispatcher.kanban.model import Event
+    from dispatcher.kanban.views import retry_state, show_text
+    from dispatcher.timefmt import TimeView
+
+    def event(seq: int, kind: str, **data: object) -> Event:
+        return Event(seq=seq, card_id="c_0000000001", kind=kind, at=NOW, data=data)
+
+    gave_up = [
+        event(1, "failed", attempt=4, attempts=4, consecutive_failures=4),
+        event(2, "gave_up", reason="4 consecutive failures"),
+    ]
+    blocked = card(status=CardStatus.BLOCKED, consecutive_failures=4, current_run_id=None)
+    assert retry_state(blocked, gave_up) is not None
+    retried = [*gave_up, event(3, "moved", action="retry", to="ready")]
+    fresh = card(status=CardStatus.READY, current_run_id=None)
+    assert retry_state(fresh, retried) is None
+    lines = show_text(fresh, [], retried, times=TimeView(now=NOW, zone=None))
+    assert not any(line.startswith("attempt") for line in lines)

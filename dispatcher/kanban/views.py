@@ -91,13 +91,20 @@ def event_json(event: Event) -> dict[str, Any]:
     }
 
 
+def _retry_mark(event: Event) -> bool:
+    """An event that sets or ends a retry state (an operator's ``retry`` starts over; other
+    moves keep the count, so they leave the state as it was)."""
+    if event.kind == "moved":
+        return event.data.get("action") == "retry"
+    return event.kind in ("failed", "tempfail", "deferred", "completed", "unblocked")
+
+
 def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
     """Where the card stands in its retry policy, from the last failure's event: ``attempt``
     (the try that runs next), ``attempts`` (tries in all), ``next_try_at`` and ``reason``;
-    None for a card that has not failed since its last success or unblock."""
-    kinds = ("failed", "tempfail", "deferred", "completed", "unblocked")
-    last = next((e for e in reversed(events) if e.kind in kinds), None)
-    if last is None or last.kind in ("completed", "unblocked"):
+    None for a card that has not failed since its last success, unblock or ``retry``."""
+    last = next((e for e in reversed(events) if _retry_mark(e)), None)
+    if last is None or last.kind in ("completed", "unblocked", "moved"):
         return None
     data = last.data
     pending = card.status is CardStatus.READY and card.retry_at is not None
