@@ -271,3 +271,27 @@ def test_retry_starts_over_and_show_says_no_attempt() -> None:
     assert retry_state(fresh, retried) is None
     lines = show_text(fresh, [], retried, times=TimeView(now=NOW, zone=None))
     assert not any(line.startswith("attempt") for line in lines)
+
+
+def test_event_lines_spell_their_times() -> None:
+    # A deferral's `until` and a failure's `retry_at` are stored as epoch seconds; the terminal
+    # and the web show times, as the JSON does.
+    from dispatcher.kanban.model import Event
+    from dispatcher.kanban.views import show_text
+    from dispatcher.timefmt import TimeView, iso
+    from dispatcher.web.views import event_summary
+
+    deferred = Event(
+        seq=1,
+        card_id="c_0000000001",
+        kind="deferred",
+        at=NOW,
+        data={"by": "worker", "until": NOW + 300.25, "reason": "rate limited"},
+    )
+    failed_ = Event(seq=2, card_id="c_0000000001", kind="failed", at=NOW, data={"retry_at": NOW})
+    view = TimeView(now=NOW, zone=None)
+    lines = show_text(card(status=CardStatus.READY), [], [deferred, failed_], times=view)
+    assert any(f"until={view.at(NOW + 300.25)}" in line for line in lines), lines
+    assert not any(str(NOW)[:6] in line for line in lines if "=" in line), lines
+    assert f"until={iso(NOW + 300.25)}" in event_summary(deferred)
+    assert event_summary(failed_) == f"retry_at={iso(NOW)}"

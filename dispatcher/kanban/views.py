@@ -75,12 +75,27 @@ def run_json(run: Run) -> dict[str, Any]:
     }
 
 
+EVENT_TIMES = ("until", "retry_at", "cooldown_until")
+"""Event data keys holding epoch seconds (a deferral's time, the back-off, the cooldown)."""
+
+
+def event_data(event: Event, at: Callable[[float], str | None] = iso) -> dict[str, Any]:
+    """An event's data with its :data:`EVENT_TIMES` spelled by ``at`` (ISO-8601 by default)."""
+    data = dict(event.data)
+    for key in EVENT_TIMES:
+        if isinstance(data.get(key), int | float) and not isinstance(data[key], bool):
+            data[key] = at(data[key])
+    return data
+
+
+def event_pairs(event: Event, at: Callable[[float], str | None] = iso) -> str:
+    """An event's data as ``key=value`` pairs (None values left out, times by ``at``)."""
+    return ", ".join(f"{k}={v}" for k, v in event_data(event, at).items() if v is not None)
+
+
 def event_json(event: Event) -> dict[str, Any]:
     """An event as ``show`` prints it."""
-    data = dict(event.data)
-    for key in ("until", "retry_at", "cooldown_until"):
-        if isinstance(data.get(key), int | float):
-            data[key] = iso(data[key])
+    data = event_data(event)
     return {
         "id": str(event.seq),
         "card_id": event.card_id,
@@ -272,7 +287,7 @@ def show_text(
             lines.append(f"      {used[run.run_id]}")
     lines.append("events")
     for event in events:
-        extra = ", ".join(f"{k}={v}" for k, v in event.data.items() if v is not None)
+        extra = event_pairs(event, short)
         lines.append(f"  {short(event.at)}  {event.kind:<16}  {_cut(extra, 80)}")
     return lines
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
-from dispatcher.kanban.views import BOARD_ORDER, unconfigured
+from dispatcher.kanban.views import BOARD_ORDER, event_pairs, unconfigured
 
 DONE_PAGE = 50
 """Done cards per page of the board."""
@@ -167,8 +167,8 @@ def affected_cards(events: Iterable[Event]) -> list[str]:
 
 
 def event_summary(event: Event) -> str:
-    """An event's data as ``key=value`` pairs (None values left out)."""
-    return ", ".join(f"{key}={value}" for key, value in event.data.items() if value is not None)
+    """An event's data as ``key=value`` pairs (None values left out, times in ISO-8601)."""
+    return event_pairs(event)
 
 
 def run_duration(run: Run, now: float) -> float | None:
