@@ -295,3 +295,37 @@ def test_event_lines_spell_their_times() -> None:
     assert not any(str(NOW)[:6] in line for line in lines if "=" in line), lines
     assert f"until={iso(NOW + 300.25)}" in event_summary(deferred)
     assert event_summary(failed_) == f"retry_at={iso(NOW)}"
+
+
+def test_list_board_and_tile_tell_a_deferred_card_from_one_backing_off() -> None:
+    # "kanban list/board and the web tile show a card that is backing off or deferred, with when."
+    from dispatcher.kanban.model import Run
+    from dispatcher.kanban.views import board_text, card_table, deferred_cards
+    from dispatcher.timefmt import TimeView
+    from dispatcher.web.views import tiles
+
+    later = card(
+        id="c_00000000d1", status=CardStatus.READY, retry_at=NOW + 300, current_run_id=None
+    )
+    backing = card(status=CardStatus.READY, retry_at=NOW + 40, current_run_id=None)
+    runs = {
+        later.id: [replace(RUN, card_id=later.id, outcome=Outcome.DEFERRED)],
+        backing.id: [replace(RUN, outcome=Outcome.FAILED)],
+    }
+    asked: list[str] = []
+
+    def runs_of(card_id: str) -> list[Run]:
+        asked.append(card_id)
+        return runs.get(card_id, [])
+
+    idle = card(id="c_00000000e1", status=CardStatus.READY, current_run_id=None)
+    deferred = deferred_cards([later, backing, idle], runs_of, NOW)
+    assert deferred == {later.id} and asked == [later.id, backing.id]  # only cards that wait
+    view = TimeView(now=NOW, zone=None)
+    table = card_table([later, backing], times=view, deferred=deferred)
+    assert table[1].endswith("[deferred, next try in 5m]")
+    assert table[2].endswith("[backing off, next try in 40s]")
+    board = "\n".join(board_text([later, backing], paused=False, times=view, deferred=deferred))
+    assert "[deferred, next try in 5m]" in board and "[backing off, next try in 40s]" in board
+    shown = tiles([later, backing], [], local_host="h", limit_for=lambda _: 2, deferred=deferred)
+    assert [t.deferred for t in shown] == [True, False]

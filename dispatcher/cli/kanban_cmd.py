@@ -41,6 +41,7 @@ from dispatcher.kanban.views import (
     SORT_KEYS,
     board_text,
     card_table,
+    deferred_cards,
     show_text,
     sorted_cards,
     tick_json,
@@ -244,7 +245,9 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
     if ctx.json:
         ctx.emit_json([listed_card_json(c, assignees) for c in cards])
     else:
-        for line in card_table(cards, times=ctx.times(), assignees=assignees):
+        times = ctx.times()
+        deferred = deferred_cards(cards, workspace.store.runs_of, times.now)
+        for line in card_table(cards, times=times, assignees=assignees, deferred=deferred):
             ctx.out(line)
     return 0
 
@@ -343,7 +346,11 @@ def _board_once(ctx: Context) -> int:
     if ctx.json:
         ctx.emit_json(board_document(cards, paused=paused, assignees=assignees))
     else:
-        for line in board_text(cards, paused=paused, times=ctx.times(), assignees=assignees):
+        times = ctx.times()
+        deferred = deferred_cards(cards, workspace.store.runs_of, times.now)
+        for line in board_text(
+            cards, paused=paused, times=times, assignees=assignees, deferred=deferred
+        ):
             ctx.out(line)
     return 0
 

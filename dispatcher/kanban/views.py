@@ -190,9 +190,11 @@ def card_table(
     *,
     times: TimeView | None = None,
     assignees: Collection[str] | None = None,
+    deferred: Collection[str] = (),
 ) -> list[str]:
     """``list`` as aligned lines; UPDATED is relative (``3h ago``), for scanning. A card
-    whose assignee is not among ``assignees`` ends with :data:`UNCONFIGURED_NOTE`."""
+    whose assignee is not among ``assignees`` ends with :data:`UNCONFIGURED_NOTE`; one
+    waiting for its next try says so (``deferred``: those their worker deferred)."""
     view = times or TimeView.local()
     lines = [
         f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'FAILS':>5}  "
@@ -205,7 +207,7 @@ def card_table(
         lines.append(
             f"{card.id:<12}  {status:<8}  {card.priority:>4}  {_cut(card.assignee, 12):<12}  "
             f"{card.consecutive_failures:>5}  {view.ago(card.updated_at):<10}  "
-            f"{_cut(card.title, 60)}{backing_off(card, view.now)}"
+            f"{_cut(card.title, 60)}{backing_off(card, view.now, deferred=card.id in deferred)}"
             + (f"  {UNCONFIGURED_NOTE}" if unconfigured(card, assignees) else "")
         )
     return lines
@@ -308,11 +310,35 @@ def _retry_lines(card: Card, events: Sequence[Event], view: TimeView) -> list[st
     return lines
 
 
-def backing_off(card: Card, now: float) -> str:
-    """`` [backing off, next try in 40s]`` for a ready card behind its ``retry_at``, else ""."""
-    if card.status is not CardStatus.READY or card.retry_at is None or card.retry_at <= now:
+def waiting(card: Card, now: float) -> bool:
+    """Whether ``card`` is ready but behind its ``retry_at`` (backing off, or deferred)."""
+    return card.status is CardStatus.READY and card.retry_at is not None and card.retry_at > now
+
+
+def deferred_cards(
+    cards: Sequence[Card], runs_of: Callable[[str], Sequence[Run]], now: float
+) -> frozenset[str]:
+    """The cards among ``cards`` waiting because their worker deferred them (their latest run
+    ended ``deferred``), as opposed to backing off after a failure. Only waiting cards are
+    looked up (``runs_of``: the store's), so a board of cards that wait for nothing costs
+    nothing."""
+    found = set()
+    for card in cards:
+        if waiting(card, now):
+            runs = runs_of(card.id)
+            if runs and runs[-1].outcome == "deferred":  # Outcome.DEFERRED (a StrEnum)
+                found.add(card.id)
+    return frozenset(found)
+
+
+def backing_off(card: Card, now: float, *, deferred: bool = False) -> str:
+    """`` [backing off, next try in 40s]`` for a ready card behind its ``retry_at`` (``[deferred,
+    ...]`` when its worker chose the time), else ""."""
+    if not waiting(card, now):
         return ""
-    return f" [backing off, next try {relative(card.retry_at, now)}]"
+    assert card.retry_at is not None
+    why = "deferred" if deferred else "backing off"
+    return f" [{why}, next try {relative(card.retry_at, now)}]"
 
 
 def board_text(
@@ -321,9 +347,10 @@ def board_text(
     paused: bool,
     times: TimeView | None = None,
     assignees: Collection[str] | None = None,
+    deferred: Collection[str] = (),
 ) -> list[str]:
-    """A compact view by status (the newest done cards only); unconfigured assignees marked
-    as in :func:`card_table`."""
+    """A compact view by status (the newest done cards only); unconfigured assignees and
+    waiting cards marked as in :func:`card_table`."""
     view = times or TimeView.local()
     lines = ["claiming is PAUSED ('dispatch kanban resume' to resume)"] if paused else []
     for status in BOARD_ORDER:
@@ -338,7 +365,7 @@ def board_text(
                 note = f" [{card.block_kind.value}]"
             elif status is CardStatus.BLOCKED:
                 note = " [breaker]"
-            note += backing_off(card, view.now)
+            note += backing_off(card, view.now, deferred=card.id in deferred)
             if unconfigured(card, assignees):
                 note += f" {UNCONFIGURED_NOTE}"
             lines.append(

@@ -45,6 +45,8 @@ class Tile:
     """A ``todo`` card's parents (what it waits for; the tile links them)."""
     retry_at: float | None = None
     """A ``ready`` card backing off or deferred: when its next try may start."""
+    deferred: bool = False
+    """Its worker chose that time (``kanban defer``), rather than a back-off after a failure."""
     unconfigured: bool = False
     """The card needs an assignee the loaded config does not name (it will not be claimed)."""
     rank: str
@@ -90,10 +92,11 @@ def tile(
     host: str | None,
     limit_for: Callable[[str], int],
     assignees: Collection[str] | None = None,
+    deferred: bool = False,
 ) -> Tile:
     """A card as the board shows it (``run``: its open run, if any, claimed on ``host``;
     ``limit_for``: the tries an assignee's cards get, ``kanban.limit_for``; ``assignees``: the
-    configured ones, None when unknown)."""
+    configured ones, None when unknown; ``deferred``: its worker deferred it)."""
     return Tile(
         id=card.id,
         title=card.title,
@@ -111,6 +114,7 @@ def tile(
         host=host if run else None,
         waits_for=card.parents if card.status is CardStatus.TODO else (),
         retry_at=card.retry_at if card.status is CardStatus.READY else None,
+        deferred=deferred,
         unconfigured=unconfigured(card, assignees),
         rank=rank(card),
     )
@@ -124,15 +128,26 @@ def tiles(
     limit_for: Callable[[str], int],
     hosts: Mapping[str, str | None] | None = None,
     assignees: Collection[str] | None = None,
+    deferred: Collection[str] = (),
 ) -> list[Tile]:
     """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host);
-    a card whose assignee is not among ``assignees`` is marked."""
+    a card whose assignee is not among ``assignees`` is marked, and so is one in
+    ``deferred`` (:func:`dispatcher.kanban.views.deferred_cards`)."""
     open_runs = {run.run_id: run for run in runs if run.open}
     found = []
     for card in cards:
         run = open_runs.get(card.current_run_id or "")
         host = run_host(run, hosts or {}, local_host) if run else None
-        found.append(tile(card, run, host=host, limit_for=limit_for, assignees=assignees))
+        found.append(
+            tile(
+                card,
+                run,
+                host=host,
+                limit_for=limit_for,
+                assignees=assignees,
+                deferred=card.id in deferred,
+            )
+        )
     return found
 
 
