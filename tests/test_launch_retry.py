@@ -329,3 +329,25 @@ def test_list_board_and_tile_tell_a_deferred_card_from_one_backing_off() -> None
     assert "[deferred, next try in 5m]" in board and "[backing off, next try in 40s]" in board
     shown = tiles([later, backing], [], local_host="h", limit_for=lambda _: 2, deferred=deferred)
     assert [t.deferred for t in shown] == [True, False]
+
+
+@pytest.mark.parametrize("status", [CardStatus.DONE, CardStatus.BLOCKED, CardStatus.REVIEW])
+def test_a_workers_report_after_its_defer_forgets_the_deferral(status: CardStatus) -> None:
+    # A worker that deferred and then reported (complete wins) leaves no stale "retry at" that
+    # would show on the done card, or hold it back once an operator moves it to ready.
+    from dispatcher.kanban.rules import worker_move_change
+
+    deferred = card(retry_at=NOW + 300)
+    change = worker_move_change(
+        deferred,
+        RUN.run_id,
+        run_card_id=deferred.id,
+        run_open=True,
+        status=status,
+        now=NOW,
+        block_kind=None,
+        blocked_until=None,
+        reason="r",
+        result=None,
+    )
+    assert change.fields["retry_at"] is None
