@@ -351,3 +351,18 @@ def test_a_workers_report_after_its_defer_forgets_the_deferral(status: CardStatu
         result=None,
     )
     assert change.fields["retry_at"] is None
+
+
+def test_show_gives_a_deferred_card_its_attempts_too() -> None:
+    # "attempt n of m" also while the worker's deferral is pending (it failed nothing yet, so
+    # no failure event says m: the assignee's limit does).
+    from dispatcher.kanban.model import Event
+    from dispatcher.kanban.views import show_json, show_text
+    from dispatcher.timefmt import TimeView
+
+    waiting = card(status=CardStatus.READY, retry_at=NOW + 300, current_run_id=None)
+    deferred = Event(seq=1, card_id=waiting.id, kind="deferred", at=NOW, data={"until": NOW + 300})
+    doc = show_json(waiting, [], [deferred], limit=4)
+    assert (doc["retry"]["attempt"], doc["retry"]["attempts"]) == (1, 4)
+    lines = show_text(waiting, [], [deferred], times=TimeView(now=NOW, zone=None), limit=4)
+    assert "attempt   1 of 4" in lines

@@ -275,7 +275,10 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
     used = {run.run_id: resources_text(sessions.get(run.session_id or "")) for run in runs}
     shown = hosts if workspace.cluster.clustered else None
-    for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, used=used):
+    limit = workspace.settings.kanban.limit_for(card.assignee)
+    for line in show_text(
+        card, runs, events, times=ctx.times(), hosts=shown, used=used, limit=limit
+    ):
         ctx.out(line)
     return 0
 

@@ -114,10 +114,13 @@ def _retry_mark(event: Event) -> bool:
     return event.kind in ("failed", "tempfail", "deferred", "completed", "unblocked")
 
 
-def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
+def retry_state(
+    card: Card, events: Sequence[Event], limit: int | None = None
+) -> dict[str, Any] | None:
     """Where the card stands in its retry policy, from the last failure's event: ``attempt``
-    (the try that runs next), ``attempts`` (tries in all), ``next_try_at`` and ``reason``;
-    None for a card that has not failed since its last success, unblock or ``retry``."""
+    (the try that runs next), ``attempts`` (tries in all; ``limit``, the assignee's, when no
+    event and no ``--failure-limit`` says), ``next_try_at`` and ``reason``; None for a card
+    that has not failed since its last success, unblock or ``retry``."""
     last = next((e for e in reversed(events) if _retry_mark(e)), None)
     if last is None or last.kind in ("completed", "unblocked", "moved"):
         return None
@@ -127,7 +130,7 @@ def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
         why = f": {data['reason']}" if data.get("reason") else ""
         return {
             "attempt": card.consecutive_failures + 1,
-            "attempts": card.failure_limit,
+            "attempts": card.failure_limit or limit,
             "counted": False,
             "next_try_at": iso(card.retry_at),
             "deferred_until": iso(data.get("until")),
@@ -135,7 +138,7 @@ def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
         }
     return {
         "attempt": card.consecutive_failures + (1 if pending else 0),
-        "attempts": data.get("attempts") or card.failure_limit,
+        "attempts": data.get("attempts") or card.failure_limit or limit,
         "counted": data.get("counted", last.kind == "failed"),
         "next_try_at": iso(card.retry_at) if pending else None,
         "reason": data.get("reason")
@@ -148,13 +151,15 @@ def show_json(
     runs: Sequence[Run],
     events: Sequence[Event],
     sessions: Mapping[str, Session] | None = None,
+    *,
+    limit: int | None = None,
 ) -> dict[str, Any]:
     """``show --json``: the card's fields plus ``runs``, ``events`` and ``retry``
-    (:func:`retry_state`). ``sessions`` (this host's, by id: see
-    :func:`dispatcher.launch.resources.sessions_of`) adds each run's ``resources``,
-    ``memory_peak`` and ``cpu_time``."""
+    (:func:`retry_state`, ``limit`` the tries its assignee's cards get). ``sessions`` (this
+    host's, by id: see :func:`dispatcher.launch.resources.sessions_of`) adds each run's
+    ``resources``, ``memory_peak`` and ``cpu_time``."""
     doc = card_json(card)
-    doc["retry"] = retry_state(card, events)
+    doc["retry"] = retry_state(card, events, limit)
     doc["runs"] = [run_json(r) for r in runs]
     if sessions is not None:
         for run, entry in zip(runs, doc["runs"], strict=True):
@@ -238,11 +243,12 @@ def show_text(
     times: TimeView | None = None,
     hosts: Mapping[str, str | None] | None = None,
     used: Mapping[str, str] | None = None,
+    limit: int | None = None,
 ) -> list[str]:
     """``show`` as text: fields, runs, events (times as ``times`` shows them). ``hosts``
     (cluster mode): each run's host, shown after its placement (``host alpha``); ``used``:
     each run's class and use (:func:`dispatcher.launch.resources.resources_text`), on a line
-    of its own below the run."""
+    of its own below the run; ``limit``: the tries its assignee's cards get."""
     view = times or TimeView.local()
     short = view.at
     lines = [
@@ -261,7 +267,7 @@ def show_text(
         lines.append("parents   " + " ".join(card.parents))
     if card.retry_at:
         lines.append(f"retry at  {view.both(card.retry_at)}")
-    lines += _retry_lines(card, events, view)
+    lines += _retry_lines(card, events, view, limit)
     if card.cooldown_until:
         lines.append(f"cooldown  until {view.both(card.cooldown_until)}")
     if card.last_failure_error:
@@ -294,8 +300,10 @@ def show_text(
     return lines
 
 
-def _retry_lines(card: Card, events: Sequence[Event], view: TimeView) -> list[str]:
-    state = retry_state(card, events)
+def _retry_lines(
+    card: Card, events: Sequence[Event], view: TimeView, limit: int | None
+) -> list[str]:
+    state = retry_state(card, events, limit)
     if state is None:
         return []
     of = f" of {state['attempts']}" if state["attempts"] else ""
