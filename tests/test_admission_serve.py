@@ -88,6 +88,10 @@ def test_serve_holds_claims_and_cron_under_pressure_then_resumes(tmp_path: Path,
         assert shown["held"] is True and shown["reason"] == "memory pressure 34 %"
         assert shown["decided_by"] == "serve" and shown["readings"]["memory_pressure"] == 34.0
         assert "admission: holding new work: memory pressure 34 %" in gateway.log()
+        # The status's recent errors name each source once (the messages carry it already).
+        human = cli("status")
+        assert "  admission: holding new work: memory pressure 34 %" in human, human
+        assert "cron: fire often@" in human and "cron: cron:" not in human, human
 
         pressure(proc, LOW)
         wait_for(lambda: status(waiting) == "done", timeout=20, what="the held card claimed")
