@@ -123,6 +123,13 @@ def test_a_oneshot_tick_claims_nothing_while_held(tmp_path: Path, capsys, held: 
     base = ["--config", str(config), "--state-dir", str(tmp_path / "state")]
     assert main([*base, "kanban", "add", "x", "--assignee", "quick"], env) == 0
     capsys.readouterr()
+    # A dry run says what a tick would do, so it holds too; it decides nothing it keeps.
+    assert main([*base, "kanban", "tick", "--dry-run", "--json"], env) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert (dry["held"], len(dry["planned"])) == (
+        ("memory pressure 34 %", 0) if held else (None, 1)
+    )
+    assert not (tmp_path / "state" / "admission.json").exists()
     assert main([*base, "kanban", "tick", "--json"], env) == 0
     out, err = capsys.readouterr()
     report = json.loads(out)

@@ -387,7 +387,7 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     if args.max is not None and args.max < 0:
         raise UsageError(f"--max {args.max}: must not be negative")
     workspace = _workspace(ctx)
-    held = None if args.dry_run else _admission(ctx)
+    held = _admission(ctx, dry_run=args.dry_run)
     report = workspace.tick(max_claims=0 if held else args.max, dry_run=args.dry_run)
     for warning in report.warnings:
         ctx.warn(f"warning: {warning}")
@@ -401,9 +401,10 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def _admission(ctx: Context) -> str | None:
+def _admission(ctx: Context, *, dry_run: bool) -> str | None:
     """This host's admission for a oneshot tick (continuing from the last verdict in the
-    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None."""
+    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None.
+    A dry run decides the same way but keeps nothing."""
     from dispatcher.gateway.admission import HostAdmission
     from scope.foundation.clock import SystemClock
 
@@ -414,5 +415,5 @@ def _admission(ctx: Context) -> str | None:
         SystemClock(),
         writer="kanban tick",
     )
-    verdict = admission.check()
+    verdict = admission.peek() if dry_run else admission.check()
     return (verdict.reason or "admission") if verdict.held else None
