@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dispatcher.cron.tables import COMPONENT as CRON_COMPONENT
 from dispatcher.kanban.tables import COMPONENT as KANBAN_COMPONENT
+from dispatcher.launch.tables import COMPONENT as LIMITS_COMPONENT
 from dispatcher.notify.tables import COMPONENT as NOTIFY_COMPONENT
 from dispatcher.tokens.tables import COMPONENT as TOKENS_COMPONENT
 from registry.store.database import Component, StateDB
@@ -25,6 +26,7 @@ def components() -> list[Component]:
         CRON_COMPONENT,
         NOTIFY_COMPONENT,
         TOKENS_COMPONENT,
+        LIMITS_COMPONENT,
     ]
 
 

@@ -201,6 +201,7 @@ def handle_add(args: argparse.Namespace, ctx: Context) -> int:
         parents=args.parent,
         idempotency_key=args.idempotency_key,
         failure_limit=args.failure_limit,
+        group=args.card_group,
     )
     if ctx.json:
         ctx.emit_json({"id": card.id})

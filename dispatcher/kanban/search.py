@@ -197,7 +197,7 @@ _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrst
 
 
 def matches(card: Card, query: CardQuery) -> bool:
-    """Whether ``card`` is one the query finds (groups aside: see the stores)."""
+    """Whether ``card`` is one the query finds."""
     if query.statuses:
         if card.status not in query.statuses:
             return False
@@ -206,6 +206,8 @@ def matches(card: Card, query: CardQuery) -> bool:
     if query.id_prefix and not card.id[len(CARD_PREFIX) :].startswith(query.id_prefix):
         return False
     if query.assignee is not None and card.assignee != query.assignee:
+        return False
+    if query.group is not None and card.group != query.group:
         return False
     if query.changed_after is not None and card.updated_at < query.changed_after:
         return False
@@ -224,14 +226,3 @@ def order(cards: Sequence[Card], query: CardQuery) -> list[Card]:
         return (value.value if isinstance(value, enum.Enum) else value), card.id
 
     return sorted(cards, key=key, reverse=query.descending)
-
-
-def no_groups(query: CardQuery) -> None:
-    """BadQuery for a ``group:`` term on a board whose cards have no group field yet (the
-    limits feature adds it; a store that has the column filters on it instead)."""
-    if query.group is not None:
-        raise BadQuery(
-            f"group:{query.group}",
-            "cards have no group on this board",
-            remedy="search by title, id, assignee, status or time",
-        )

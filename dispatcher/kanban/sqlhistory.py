@@ -207,7 +207,6 @@ class SqlHistory(SqlBoard):
     def search_cards(self, query: CardQuery) -> CardPage:
         from dispatcher.kanban import search
 
-        search.no_groups(query)
         clauses: list[str] = []
         params: list[Any] = []
         if query.statuses:
@@ -221,6 +220,9 @@ class SqlHistory(SqlBoard):
         if query.assignee is not None:
             clauses.append("c.assignee = ?")
             params.append(query.assignee)
+        if query.group is not None:
+            clauses.append("c.group_name = ?")
+            params.append(query.group)
         if query.changed_after is not None:
             clauses.append("c.updated_at >= ?")
             params.append(query.changed_after)

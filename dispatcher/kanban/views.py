@@ -34,6 +34,7 @@ def card_json(card: Card) -> dict[str, Any]:
         "title": card.title,
         "body": card.body,
         "assignee": card.assignee,
+        "group": card.group,
         "status": card.status.value,
         "priority": card.priority,
         "created_at": iso(card.created_at),
@@ -195,14 +196,16 @@ def card_table(
     *,
     times: TimeView | None = None,
     assignees: Collection[str] | None = None,
+    waits: Mapping[str, str] | None = None,
     deferred: Collection[str] = (),
 ) -> list[str]:
     """``list`` as aligned lines; UPDATED is relative (``3h ago``), for scanning. A card
-    whose assignee is not among ``assignees`` ends with :data:`UNCONFIGURED_NOTE`; one
+    whose assignee is not among ``assignees`` ends with :data:`UNCONFIGURED_NOTE`; one a full
+    named limit holds back with ``[waiting: limit openai (6 of 6 running)]`` (``waits``); one
     waiting for its next try says so (``deferred``: those their worker deferred)."""
     view = times or TimeView.local()
     lines = [
-        f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'FAILS':>5}  "
+        f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'GROUP':<12}  {'FAILS':>5}  "
         f"{'UPDATED':<10}  TITLE"
     ]
     for card in cards:
@@ -211,8 +214,10 @@ def card_table(
             status += f"({card.block_kind.value})"
         lines.append(
             f"{card.id:<12}  {status:<8}  {card.priority:>4}  {_cut(card.assignee, 12):<12}  "
+            f"{_cut(card.group or '-', 12):<12}  "
             f"{card.consecutive_failures:>5}  {view.ago(card.updated_at):<10}  "
             f"{_cut(card.title, 60)}{backing_off(card, view.now, deferred=card.id in deferred)}"
+            f"{waiting(card, waits)}"
             + (f"  {UNCONFIGURED_NOTE}" if unconfigured(card, assignees) else "")
         )
     return lines
@@ -243,12 +248,14 @@ def show_text(
     times: TimeView | None = None,
     hosts: Mapping[str, str | None] | None = None,
     used: Mapping[str, str] | None = None,
+    wait: str | None = None,
     limit: int | None = None,
 ) -> list[str]:
     """``show`` as text: fields, runs, events (times as ``times`` shows them). ``hosts``
     (cluster mode): each run's host, shown after its placement (``host alpha``); ``used``:
     each run's class and use (:func:`dispatcher.launch.resources.resources_text`), on a line
-    of its own below the run; ``limit``: the tries its assignee's cards get."""
+    of its own below the run; ``wait``: the full named limit the card waits for; ``limit``:
+    the tries its assignee's cards get."""
     view = times or TimeView.local()
     short = view.at
     lines = [
@@ -256,7 +263,9 @@ def show_text(
         f"status    {card.status.value}"
         + (f" ({card.block_kind.value})" if card.block_kind else "")
         + (f" until {view.both(card.blocked_until)}" if card.blocked_until else ""),
-        f"assignee  {card.assignee}   priority {card.priority}   failures "
+        f"assignee  {card.assignee}   "
+        + (f"group {card.group}   " if card.group else "")
+        + f"priority {card.priority}   failures "
         f"{card.consecutive_failures}"
         + (f"/{card.failure_limit}" if card.failure_limit else "")
         + f"   tempfails {card.tempfail_count}",
@@ -265,6 +274,8 @@ def show_text(
     ]
     if card.parents:
         lines.append("parents   " + " ".join(card.parents))
+    if wait:
+        lines.append(f"waiting   {wait}")
     if card.retry_at:
         lines.append(f"retry at  {view.both(card.retry_at)}")
     lines += _retry_lines(card, events, view, limit)
@@ -318,7 +329,13 @@ def _retry_lines(
     return lines
 
 
-def waiting(card: Card, now: float) -> bool:
+def waiting(card: Card, waits: Mapping[str, str] | None) -> str:
+    """`` [waiting: limit openai (6 of 6 running)]`` for a card a full limit holds back."""
+    note = (waits or {}).get(card.id)
+    return f" [waiting: {note}]" if note else ""
+
+
+def retry_pending(card: Card, now: float) -> bool:
     """Whether ``card`` is ready but behind its ``retry_at`` (backing off, or deferred)."""
     return card.status is CardStatus.READY and card.retry_at is not None and card.retry_at > now
 
@@ -332,7 +349,7 @@ def deferred_cards(
     nothing."""
     found = set()
     for card in cards:
-        if waiting(card, now):
+        if retry_pending(card, now):
             runs = runs_of(card.id)
             if runs and runs[-1].outcome == "deferred":  # Outcome.DEFERRED (a StrEnum)
                 found.add(card.id)
@@ -342,7 +359,7 @@ def deferred_cards(
 def backing_off(card: Card, now: float, *, deferred: bool = False) -> str:
     """`` [backing off, next try in 40s]`` for a ready card behind its ``retry_at`` (``[deferred,
     ...]`` when its worker chose the time), else ""."""
-    if not waiting(card, now):
+    if not retry_pending(card, now):
         return ""
     assert card.retry_at is not None
     why = "deferred" if deferred else "backing off"
@@ -355,10 +372,11 @@ def board_text(
     paused: bool,
     times: TimeView | None = None,
     assignees: Collection[str] | None = None,
+    waits: Mapping[str, str] | None = None,
     deferred: Collection[str] = (),
 ) -> list[str]:
-    """A compact view by status (the newest done cards only); unconfigured assignees and
-    waiting cards marked as in :func:`card_table`."""
+    """A compact view by status (the newest done cards only); unconfigured assignees, cards
+    waiting for a limit and cards waiting for their next try marked as in :func:`card_table`."""
     view = times or TimeView.local()
     lines = ["claiming is PAUSED ('dispatch kanban resume' to resume)"] if paused else []
     for status in BOARD_ORDER:
@@ -374,11 +392,13 @@ def board_text(
             elif status is CardStatus.BLOCKED:
                 note = " [breaker]"
             note += backing_off(card, view.now, deferred=card.id in deferred)
+            note += waiting(card, waits)
             if unconfigured(card, assignees):
                 note += f" {UNCONFIGURED_NOTE}"
+            group_note = f" [{_cut(card.group, 24)}]" if card.group else ""
             lines.append(
                 f"  {card.id}  p{card.priority:<3} {_cut(card.assignee, 12):<12} "
-                f"{_cut(card.title, 56)}{note}"
+                f"{_cut(card.title, 56)}{group_note}{note}"
             )
         if len(group) > len(shown):
             lines.append(f"  ... {len(group) - len(shown)} more")
@@ -399,12 +419,16 @@ def tick_text(report: TickReport) -> list[str]:
         )
     for card_id in report.planned:
         lines.append(f"would start {card_id}")
+    for card_id, wait in report.limited:
+        lines.append(f"waiting {card_id}: {wait}")
     summary = (
         f"{len(report.dispatched)} started, {len(report.refused)} refused, "
         f"{len(report.reconciled)} finished, {len(report.promoted)} promoted, "
         f"{len(report.deferred)} deferred, {len(report.guarded)} in cooldown, "
         f"{len(report.backing_off)} backing off"
     )
+    if report.limited:
+        summary += f", {len(report.limited)} waiting on limits"
     if report.paused:
         summary += "; claiming is paused"
     if report.dry_run:

@@ -73,6 +73,7 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         limit_for=kanban.limit_for,
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
+        waits=source.limit_waits(shown),
         deferred=deferred_cards(shown, store.runs_of, time.time()),
     )
     context = site.context(request, title="Board", nav="board", stream=f"/live/board?after={seq}")
@@ -341,7 +342,7 @@ def status_context(site: Site, request: Request) -> dict[str, Any]:
     # Dead notifications wait for an operator ('dispatch notify retry ID'), as notify list
     # --dead shows them.
     dead = source.reader.cluster.notify_store().list(state="dead", limit=DEAD_SHOWN)
-    context.update(doc=doc, doctor=source.doctor(), dead=dead)
+    context.update(doc=doc, doctor=source.doctor(), dead=dead, limits=source.limits())
     return context
 
 

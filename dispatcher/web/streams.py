@@ -113,6 +113,7 @@ def board_payload(site: Site, events: tuple[Event, ...] | list[Event], seq: int)
         limit_for=source.settings.kanban.limit_for,
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
+        waits=source.limit_waits(shown),
         deferred=deferred_cards(shown, store.runs_of, time.time()),
     )
     now = time.time()

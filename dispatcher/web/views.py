@@ -49,6 +49,10 @@ class Tile:
     """Its worker chose that time (``kanban defer``), rather than a back-off after a failure."""
     unconfigured: bool = False
     """The card needs an assignee the loaded config does not name (it will not be claimed)."""
+    group: str | None = None
+    """The card's group (claims take turns between groups)."""
+    waiting: str | None = None
+    """The full named limit a ready card waits for: ``limit openai (6 of 6 running)``."""
     rank: str
     """Sorts the column's tiles as the board orders them (text order)."""
 
@@ -92,11 +96,13 @@ def tile(
     host: str | None,
     limit_for: Callable[[str], int],
     assignees: Collection[str] | None = None,
+    waiting: str | None = None,
     deferred: bool = False,
 ) -> Tile:
     """A card as the board shows it (``run``: its open run, if any, claimed on ``host``;
     ``limit_for``: the tries an assignee's cards get, ``kanban.limit_for``; ``assignees``: the
-    configured ones, None when unknown; ``deferred``: its worker deferred it)."""
+    configured ones, None when unknown; ``waiting``: the full named limit it waits for;
+    ``deferred``: its worker deferred it)."""
     return Tile(
         id=card.id,
         title=card.title,
@@ -116,6 +122,8 @@ def tile(
         retry_at=card.retry_at if card.status is CardStatus.READY else None,
         deferred=deferred,
         unconfigured=unconfigured(card, assignees),
+        group=card.group,
+        waiting=waiting,
         rank=rank(card),
     )
 
@@ -128,16 +136,19 @@ def tiles(
     limit_for: Callable[[str], int],
     hosts: Mapping[str, str | None] | None = None,
     assignees: Collection[str] | None = None,
+    waits: Mapping[str, str] | None = None,
     deferred: Collection[str] = (),
 ) -> list[Tile]:
     """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host);
-    a card whose assignee is not among ``assignees`` is marked, and so is one in
-    ``deferred`` (:func:`dispatcher.kanban.views.deferred_cards`)."""
+    a card whose assignee is not among ``assignees`` is marked, one a full limit holds back
+    says which (``waits``), and one in ``deferred`` is marked so
+    (:func:`dispatcher.kanban.views.deferred_cards`)."""
     open_runs = {run.run_id: run for run in runs if run.open}
     found = []
     for card in cards:
         run = open_runs.get(card.current_run_id or "")
         host = run_host(run, hosts or {}, local_host) if run else None
+        waiting = (waits or {}).get(card.id)
         found.append(
             tile(
                 card,
@@ -145,6 +156,7 @@ def tiles(
                 host=host,
                 limit_for=limit_for,
                 assignees=assignees,
+                waiting=waiting,
                 deferred=card.id in deferred,
             )
         )
