@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from scope.foundation.schema import Argv, Bool, Invalid, MapOf, Optional, Record, Str, setting
+from scope.foundation.schema import (
+    Argv,
+    Bool,
+    Invalid,
+    ListOf,
+    MapOf,
+    Optional,
+    Record,
+    Str,
+    setting,
+)
 from scope.resources import ScopeProperties
 
 JOB_ID_PATTERN = r"[a-z0-9][a-z0-9_-]*"
@@ -64,6 +74,16 @@ def env_file_setting() -> Any:
         None,
         kind=Optional(Str(r"[^\0]+", "a path cannot hold a NUL byte")),
         doc="File of NAME=value lines added to the environment; must be ours and mode 0600.",
+    )
+
+
+def uses_setting() -> Any:
+    """``uses``: the named limits (``limits:``) every start of this worker takes."""
+    return setting(
+        default_factory=tuple,
+        kind=ListOf(Str(JOB_ID_PATTERN, "limit names are [a-z0-9][a-z0-9_-]*")),
+        doc="Named limits (from limits:) each start takes, all or none: a start waits while "
+        "any of them is full.",
     )
 
 

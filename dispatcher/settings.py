@@ -11,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dispatcher.cluster.settings import ClusterSettings
+from dispatcher.commonsettings import JOB_ID_PATTERN
 from dispatcher.cron.settings import CatchUpPolicy, CronJob, CronSettings, OverlapPolicy
 from dispatcher.kanban.settings import Assignee, KanbanSettings
 from dispatcher.launch.admission import AdmissionSettings
+from dispatcher.launch.limits import LimitSpec
 from dispatcher.notify.settings import NotifySettings
 from registry.settings import RegistrySettings
-from scope.foundation.schema import Duration, Invalid, Record, setting
+from scope.foundation.schema import Duration, Invalid, MapOf, Record, setting
 from scope.resources import ScopeProperties
 from scope.settings import ScopeSettings
 
@@ -82,10 +84,31 @@ class Settings:
         doc="Admission under pressure: this host holds new claims and cron starts while "
         "memory (or CPU) is short. See docs/resources.md.",
     )
+    limits: dict[str, LimitSpec] = setting(
+        default_factory=dict,
+        kind=MapOf(Record(LimitSpec), JOB_ID_PATTERN, "limit names are [a-z0-9][a-z0-9_-]*"),
+        doc="Named limits (concurrency and rate of a shared resource) that assignees and cron "
+        "jobs take with uses:.",
+    )
 
     def check(self) -> None:
-        """Each worker's resource class must fit over ``scope.resources`` (``memory_high`` at
-        most the merged ``memory_max``), so a clash is a config error, not a refused start."""
+        """Every limit a worker ``uses`` is defined; each worker's resource class fits over
+        ``scope.resources`` (``memory_high`` at most the merged ``memory_max``), so a clash is
+        a config error, not a refused start."""
+        users: list[tuple[tuple[str | int, ...], tuple[str, ...]]] = [
+            (("kanban", "assignees", name, "uses"), assignee.uses)
+            for name, assignee in self.kanban.assignees.items()
+        ]
+        users += [(("cron", "jobs", i, "uses"), job.uses) for i, job in enumerate(self.cron.jobs)]
+        for path, uses in users:
+            for index, name in enumerate(uses):
+                if name not in self.limits:
+                    known = ", ".join(sorted(self.limits)) or "none are defined"
+                    raise Invalid(
+                        f"uses the limit {name!r}, which limits: does not define ({known}); "
+                        "define it there or remove it here",
+                        (*path, index),
+                    )
         default = self.scope.properties()
         classes: list[tuple[tuple[str | int, ...], ScopeProperties]] = [
             (("kanban", "assignees", name, "resources"), assignee.resources)

@@ -21,6 +21,8 @@ from tests.support.browser import SseReader, WebHome, WebProcess
 from tests.support.wait import wait_for
 
 CONFIG = """
+limits:
+  shared: {concurrency: 100, rate: 1000/1m, per_group: {concurrency: 50}}
 kanban:
   degrade_without_scope: true
   assignees:
@@ -28,6 +30,7 @@ kanban:
       command: ["sh", "-c", "echo hello from the worker; echo second line"]
     sleeper:
       command: ["sleep", "30"]
+      uses: [shared]
 cron:
   jobs:
     - id: nightly
@@ -74,6 +77,20 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         made.close()
 
 
+def test_limits_answer_as_dispatch_limits(site: Site) -> None:
+    card = site.add("grouped", "echo", group="tenant-1")
+    answer = site.reader.get("/limits")
+    assert answer.status == 200 and answer.json == site.cli("limits")
+    (shared,) = answer.json
+    assert (shared["name"], shared["rate"], shared["per_group"]) == ("shared", "1000/1m", 50)
+    listed = site.reader.get("/cards?group=tenant-1").json
+    assert [c["group"] for c in listed] == ["tenant-1"] and listed[0]["waiting"] is None
+    assert listed == [c for c in site.cli("kanban", "list") if c["group"] == "tenant-1"]
+    regrouped = site.api.request("PATCH", f"/cards/{card}", {"group": ""})
+    assert regrouped.status == 200 and regrouped.json["group"] is None
+    site.api.post(f"/cards/{card}/archive")  # the other tests count the ready cards
+
+
 def _problem(answer: Any, status: int) -> dict[str, Any]:
     assert answer.status == status, (answer.status, answer.raw)
     assert answer.media == "application/problem+json"
@@ -118,7 +135,8 @@ def test_cards_answer_as_kanban_list_show_and_the_other_commands(site: Site) -> 
     edited = site.api.request("PATCH", f"/cards/{card}", {"title": "renamed", "priority": 7})
     shown = site.cli("kanban", "show", card)
     assert edited.status == 200 and edited.json["title"] == "renamed"
-    assert edited.json == {k: v for k, v in shown.items() if k not in ("retry", "runs", "events")}
+    shown_only = ("retry", "runs", "events", "waiting")
+    assert edited.json == {k: v for k, v in shown.items() if k not in shown_only}
     moved = site.api.post(f"/cards/{card}/move", {"status": "review"})
     assert moved.status == 200 and moved.json["status"] == "review"
     retried = site.api.post(f"/cards/{card}/retry", {"reason": "again please"})
@@ -130,9 +148,7 @@ def test_cards_answer_as_kanban_list_show_and_the_other_commands(site: Site) -> 
     archived = site.api.post(f"/cards/{card}/archive")
     assert archived.json["status"] == "archived"
     assert archived.json == {
-        k: v
-        for k, v in site.cli("kanban", "show", card).items()
-        if k not in ("retry", "runs", "events")
+        k: v for k, v in site.cli("kanban", "show", card).items() if k not in shown_only
     }
 
 

@@ -162,7 +162,7 @@ def test_the_claim_statements_never_scan_the_board(db: ClusterDB) -> None:
         plans = []
         for sql, params in (
             (_PICK, (card_id, BUDGET_LOCK)),
-            (_FACTS, ("a", "a", card_id, "a", 1, 0.0)),
+            (_FACTS, (0.0, "a", "a", card_id, "a", 1, 0.0)),
         ):
             rows = conn.execute("EXPLAIN " + sql, params).fetchall()
             plans.append("\n".join(r[0] for r in rows))

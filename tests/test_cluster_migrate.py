@@ -22,6 +22,7 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.limits import LimitSpec, Rate
 from dispatcher.launch.outbox import Outbox, Route, Subject
 from dispatcher.launch.outcome import Outcome, Result
 from dispatcher.notify.store import NotifyStore
@@ -29,6 +30,7 @@ from dispatcher.tokens.store import TokenStore
 
 pytestmark = pytest.mark.postgres
 NOW = 1_800_000_000.0
+API = LimitSpec(rate=Rate(starts=1, window=3600))
 
 
 def _fill(state_dir: Path) -> tuple[str, str]:
@@ -36,13 +38,13 @@ def _fill(state_dir: Path) -> tuple[str, str]:
         board = SqliteBoardStore(db)
         parent, _ = board.add_card(NewCard(title="parent", assignee="a"), now=NOW)
         child, _ = board.add_card(
-            NewCard(title="child", assignee="a", parents=(parent.id,)), now=NOW
+            NewCard(title="child", assignee="a", parents=(parent.id,), group="g"), now=NOW
         )
         run = board.claim(
             parent.id,
             now=NOW,
             claimer=Claimant(pid=1, start=1, boot=None),
-            limits=Limits(max_in_progress=3),
+            limits=Limits(max_in_progress=3, wants=(("api", API),)),
         ).run
         assert run is not None
         done = CardChange(fields={"status": CardStatus.DONE})
@@ -103,6 +105,7 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
             "cron_jobs": 1,
             "notify_outbox": 1,
             "web_tokens": 1,
+            "limit_holds": 1,
         }
         assert result.paused and after.paused()
         for card_id in (parent_id, child_id):
@@ -110,6 +113,11 @@ def test_history_moves_unchanged(tmp_path: Path, pg_url: str) -> None:
             assert after.events_of(card_id) == before.events_of(card_id)
             assert after.runs_of(card_id) == before.runs_of(card_id)
         assert after.board_version() == before.board_version()
+        assert after.get_card(child_id).group == "g"
+        # The rate window's start moved with it (the database clock, moved to NOW, counts it).
+        after.shift = lambda: NOW + 60 - __import__("time").time()
+        _, tallies = after.limit_tallies((("api", API),), now=NOW + 60)
+        assert (tallies["api"].starts, tallies["api"].nth_start) == (1, NOW)
         ledger = PgLedger(cluster)
         assert ledger.job_states() == Ledger(db).job_states()  # the pause reason included
         assert ledger.job_states()["j"].paused_reason == "every attempt failed"

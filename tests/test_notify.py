@@ -159,6 +159,7 @@ def test_outbox_rows_commit_with_their_event_or_not_at_all(
         "title": "fix it",
         "assignee": "coder",
         "status": "review",
+        "group": None,
     }
     assert body["run_id"] == run.run_id and body["id"] == next(
         r.message_id for r in rows if r.event == "card.review"

@@ -170,6 +170,7 @@ class CronJobs:
             config_path=self.config_path,
             ledger=self.ledger,
             zone_resolver=fixed_zone(self.host_zone),
+            limits=self.settings.limits,
         )
 
     def _env_warnings(self, plan: JobPlan) -> list[str]:

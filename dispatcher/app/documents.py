@@ -18,6 +18,7 @@ from dispatcher.timefmt import iso
 
 if TYPE_CHECKING:
     from dispatcher.app.clusterstate import ClusterState
+    from dispatcher.app.limitview import Waits
     from dispatcher.app.workspace import Workspace
     from dispatcher.cluster.hosts import HostRow
     from dispatcher.cron.records import FireRecord
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "board_document",
     "card_document",
+    "card_waits_of",
     "cron_entries",
     "history_document",
     "hosts_document",
@@ -99,17 +101,25 @@ def output_document(session: Session, data: bytes) -> dict[str, Any]:
     }
 
 
-def listed_card_json(card: Card, assignees: Collection[str] | None) -> dict[str, Any]:
+def listed_card_json(
+    card: Card, assignees: Collection[str] | None, waits: Waits | None = None
+) -> dict[str, Any]:
     """A card in a listing (``kanban list/board --json``), with ``assignee_configured`` (true,
-    false, or null when the config is not loaded; done and archived cards need none: true)."""
+    false, or null when the config is not loaded; done and archived cards need none: true)
+    and ``waiting``: the full named limit it waits for (:meth:`Waits.json`), or null."""
     from dispatcher.kanban.views import card_json, unconfigured
 
     known = None if assignees is None else not unconfigured(card, assignees)
-    return {**card_json(card), "assignee_configured": known}
+    waiting = None if waits is None else waits.json(card.id)
+    return {**card_json(card), "assignee_configured": known, "waiting": waiting}
 
 
 def board_document(
-    cards: Sequence[Card], *, paused: bool, assignees: Collection[str] | None
+    cards: Sequence[Card],
+    *,
+    paused: bool,
+    assignees: Collection[str] | None,
+    waits: Waits | None = None,
 ) -> dict[str, Any]:
     """``kanban board --json``: the pause flag and the cards by status (archived left out)."""
     from dispatcher.kanban.model import CardStatus
@@ -118,7 +128,7 @@ def board_document(
     for status in CardStatus:
         if status is not CardStatus.ARCHIVED:
             doc[status.value] = [
-                listed_card_json(c, assignees) for c in cards if c.status is status
+                listed_card_json(c, assignees, waits) for c in cards if c.status is status
             ]
     return doc
 
@@ -135,11 +145,22 @@ def card_document(workspace: Workspace, card_id: str) -> dict[str, Any]:
     runs = store.runs_of(card_id)
     # Each run's class, peak memory and CPU time come with its session (this host's).
     sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
-    doc = show_json(card, runs, store.events_of(card_id), sessions)
+    limit = workspace.settings.kanban.limit_for(card.assignee)
+    doc = show_json(card, runs, store.events_of(card_id), sessions, limit=limit)
     hosts = workspace.run_hosts(card_id)
     for run in doc["runs"]:
         run["host"] = hosts.get(run["run_id"])
+    doc["waiting"] = card_waits_of(workspace, [card]).json(card_id)
     return doc
+
+
+def card_waits_of(workspace: Workspace, cards: Sequence[Card]) -> Waits:
+    """Which full named limit each of ``cards`` waits for, as this host sees the holds."""
+    from dispatcher.app.limitview import card_waits
+
+    stamp = workspace.cluster.stamp
+    host = None if stamp is None else stamp.host_id
+    return card_waits(workspace.settings, workspace.store, cards, now=workspace.now(), host=host)
 
 
 def hosts_document(

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dispatcher.app.database import open_state
 from dispatcher.app.keepers import keeper_stats, open_fork_server
@@ -36,6 +36,11 @@ from scope.abc import (
     StopResult,
 )
 from scope.foundation.clock import Clock
+
+if TYPE_CHECKING:
+    from dispatcher.kanban.abc import BoardStore
+    from dispatcher.kanban.faults import FaultPoint
+    from dispatcher.kanban.tick import KanbanDispatcher
 
 __all__ = ["CommandScope", "Runtime", "open_runtime", "policy_of", "runtime_from_context"]
 
@@ -159,6 +164,35 @@ class Runtime:
     def keeper_stats(self) -> dict[str, Any] | None:
         """What the fork server did (None without one), as the status file keeps it."""
         return keeper_stats(self.fork_server)
+
+    def kanban_dispatcher(
+        self,
+        store: BoardStore,
+        settings: Settings,
+        environ: Mapping[str, str],
+        *,
+        config_path: Path | None,
+        adopt: bool,
+        fault: FaultPoint | None = None,
+    ) -> KanbanDispatcher:
+        """The kanban dispatcher on this runtime's registry and scoper, for ``settings`` (its
+        kanban section and named limits): the gateway's and a command's are made alike."""
+        from dispatcher.app.reports import spawn_environ
+        from dispatcher.kanban.tick import KanbanDispatcher
+
+        return KanbanDispatcher(
+            store=store,
+            registry=self.registry,
+            settings=settings.kanban,
+            state_dir=self.state_dir,
+            caller=self.caller_kind,
+            config_path=config_path,
+            environ=spawn_environ(settings, environ),
+            scoper=self.scoper,
+            adopt=adopt,
+            fault=fault,
+            limits=settings.limits,
+        )
 
     def __enter__(self) -> Runtime:
         return self

@@ -88,20 +88,13 @@ class Workspace(OpenBoard):
         """The dispatcher for this command (opens the registry)."""
         if self._dispatcher is None:
             # Imported here: adding or editing a card never needs the dispatcher.
-            from dispatcher.app.reports import spawn_environ
             from dispatcher.kanban.faults import FaultPoint
-            from dispatcher.kanban.tick import KanbanDispatcher
 
-            runtime = self._open_runtime()
-            self._dispatcher = KanbanDispatcher(
-                store=self.store,
-                registry=runtime.registry,
-                settings=self.settings.kanban,
-                state_dir=self.state_dir,
-                caller=self.caller,
+            self._dispatcher = self._open_runtime().kanban_dispatcher(
+                self.store,
+                self.settings,
+                self.environ,
                 config_path=self.config_path,
-                environ=spawn_environ(self.settings, self.environ),
-                scoper=runtime.scoper,
                 adopt=True,
                 fault=FaultPoint.from_environ(self.environ),
             )

@@ -98,6 +98,7 @@ COMMANDS: dict[str, Grammar] = {
             "--parent": ("parent", APPEND),
             "--idempotency-key": ("idempotency_key", TEXT),
             "--failure-limit": ("failure_limit", ("int", *FAILURE_LIMIT_BOUNDS)),
+            "--group": ("card_group", TEXT),
         },
         defaults={
             "assignee": None,
@@ -107,6 +108,7 @@ COMMANDS: dict[str, Grammar] = {
             "parent": [],
             "idempotency_key": None,
             "failure_limit": None,
+            "card_group": None,
         },
         required=("assignee",),
         exclusive=(("body", "body_file"),),

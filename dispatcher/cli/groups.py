@@ -20,6 +20,7 @@ GROUPS: dict[str, str] = {
     "events": "List, follow and acknowledge completion events.",
     "cron": "Cron jobs: list, next, run, history, pause, resume.",
     "kanban": "Kanban board: add, list, show, edit, tick, complete, block, board, ...",
+    "limits": "Named limits: use, capacity, rate window and what waits for each.",
     "hosts": "Cluster mode: the hosts sharing the cluster database, their leases and skew.",
     "notify": "Notifications: list the outbox, retry a dead message, test a channel.",
     "state": "State database: check its integrity, back it up, restore a backup.",
@@ -33,6 +34,7 @@ READ_ONLY: dict[str, object] = {
     "ps": True,
     "wait": True,
     "hosts": True,
+    "limits": True,
     "doctor": True,
     "logs": lambda args: not args.redact,  # redaction patterns come from the config
     "events": lambda args: not args.ack,

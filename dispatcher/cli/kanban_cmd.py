@@ -12,11 +12,27 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from dispatcher.app.documents import board_document, card_document, listed_card_json
+from dispatcher.app.documents import (
+    board_document,
+    card_document,
+    card_waits_of,
+    listed_card_json,
+)
 from dispatcher.app.workspace import Workspace
 from dispatcher.cli import fastpath
 from dispatcher.cli.context import Context
+from dispatcher.cli.kanban_args import (
+    CARD_HELP,
+    FAILURE_LIMIT,
+    GROUP_HELP,
+    PRIORITY,
+    add_options,
+    body_options,
+    list_options,
+    worker_options,
+)
 from dispatcher.cli.kanban_writes import (
     handle_add,
     handle_block,
@@ -26,21 +42,19 @@ from dispatcher.cli.kanban_writes import (
     print_card,
     read_body,
 )
-from dispatcher.cli.options import positive_int, watch_options, watched
+from dispatcher.cli.options import watch_options, watched
 from dispatcher.cli.parser import (
     Parser,
     Subparsers,
     add_group,
     add_subgroups,
     int_arg,
-    path_arg,
 )
-from dispatcher.kanban.board import FAILURE_LIMIT_RANGE, PRIORITY_RANGE
-from dispatcher.kanban.model import MOVE_TARGETS, CardEdit, CardStatus
+from dispatcher.kanban.model import MOVE_TARGETS, Card, CardEdit, CardStatus
 from dispatcher.kanban.views import (
-    SORT_KEYS,
     board_text,
     card_table,
+    deferred_cards,
     show_text,
     sorted_cards,
     tick_json,
@@ -50,9 +64,8 @@ from dispatcher.launch.resources import resources_text, sessions_of
 from scope.abc import CallerKind
 from scope.foundation.errors import UsageError
 
-PRIORITY = int_arg(*PRIORITY_RANGE)
-FAILURE_LIMIT = int_arg(*FAILURE_LIMIT_RANGE)
-CARD_HELP = "card id or a unique prefix (at least 4 characters)"
+if TYPE_CHECKING:
+    from dispatcher.app.limitview import Waits
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -65,32 +78,17 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         command.set_defaults(handler=handler)
         return command
 
-    add = sub("add", "Add a card; prints its id.", handle_add)
-    add.add_argument("title", metavar="TITLE", help="the card's title")
-    add.add_argument("--assignee", required=True, metavar="NAME", help="a kanban.assignees name")
-    _body_options(add)
-    add.add_argument("--priority", type=PRIORITY, default=0, metavar="N", help="higher = sooner")
-    add.add_argument(
-        "--parent",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="a card that must be done first (repeatable)",
-    )
-    add.add_argument("--idempotency-key", metavar="K", help="adding the same key again is a no-op")
-    add.add_argument(
-        "--failure-limit", type=FAILURE_LIMIT, metavar="N", help="override kanban.failure_limit"
-    )
+    add_options(sub("add", "Add a card; prints its id.", handle_add))
 
-    _list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
+    list_options(sub("list", "List cards (archived ones only with --all).", handle_list))
 
     show = sub("show", "Show a card with its runs and events.", handle_show)
     show.add_argument("id", metavar="ID", help=CARD_HELP)
 
-    edit = sub("edit", "Change a card's title, body, priority or assignee.", handle_edit)
+    edit = sub("edit", "Change a card's title, body, priority, assignee or group.", handle_edit)
     edit.add_argument("id", metavar="ID", help=CARD_HELP)
     edit.add_argument("--title", help="a new title")
-    _body_options(edit)
+    body_options(edit)
     edit.add_argument(
         "--priority", type=PRIORITY, metavar="N", help="a new priority (higher = sooner)"
     )
@@ -101,6 +99,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
         metavar="N",
         help="override kanban.failure_limit for it",
     )
+    edit.add_argument("--group", dest="card_group", metavar="G", help=GROUP_HELP + " ('' for none)")
 
     tick = sub("tick", "Run one dispatcher pass (for a Type=oneshot unit or cron).", handle_tick)
     tick.add_argument("--max", type=int_arg(0, 10**6), metavar="N", help="claim at most N cards")
@@ -139,11 +138,11 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
     """``complete``, ``block`` and ``review``: what a worker reports about its own card."""
     complete = sub("complete", "Worker: report the card done.", handle_complete)
-    _worker_options(complete)
+    worker_options(complete)
     complete.add_argument("--result", metavar="TEXT", help="a short result to store")
 
     block = sub("block", "Worker: block the card.", handle_block)
-    _worker_options(block)
+    worker_options(block)
     block.add_argument(
         "--kind",
         required=True,
@@ -153,52 +152,18 @@ def _worker_commands(sub: Callable[[str, str, object], Parser]) -> None:
     block.add_argument("--reason", required=True, metavar="TEXT", help="why, for the operator")
 
     review = sub("review", "Worker: hand the card to review.", handle_review)
-    _worker_options(review)
+    worker_options(review)
 
     defer = sub(
         "defer",
         "Worker: try the card (in a cron worker: the fire) again later (not counted).",
         handle_defer,
     )
-    _worker_options(defer)
+    worker_options(defer)
     when = defer.add_argument_group("when").add_mutually_exclusive_group(required=True)
     when.add_argument("--for", dest="for_", metavar="DURATION", help="from now (5m, 1h30m)")
     when.add_argument("--until", metavar="TIME", help="an ISO-8601 time (local without offset)")
     defer.add_argument("--reason", default="", metavar="TEXT", help="why, for the operator")
-
-
-def _list_options(ls: Parser) -> None:
-    """``kanban list``'s filters, order, limit and --watch."""
-    ls.add_argument(
-        "--status",
-        choices=[s.value for s in CardStatus],
-        metavar="S",
-        help="only cards in status S (" + ", ".join(s.value for s in CardStatus) + ")",
-    )
-    ls.add_argument("--assignee", metavar="A", help="only cards of assignee A")
-    ls.add_argument("--all", action="store_true", help="include archived cards")
-    ls.add_argument(
-        "--sort",
-        choices=sorted(SORT_KEYS),
-        default="priority",
-        help="order: priority (highest first, the default), created (oldest first), "
-        "updated (newest first), status (board order) or id",
-    )
-    ls.add_argument("--limit", type=positive_int, metavar="N", help="at most N cards")
-    watch_options(ls)
-
-
-def _body_options(parser: Parser) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--body", metavar="TEXT", help="the card's body (the worker's brief)")
-    group.add_argument(
-        "--body-file", type=path_arg, metavar="F", help="read the body from F ('-': stdin)"
-    )
-
-
-def _worker_options(parser: Parser) -> None:
-    parser.add_argument("id", nargs="?", metavar="ID", help="the card (default: $DISPATCH_CARD_ID)")
-    parser.add_argument("--run", metavar="RUN", help="the run id (default: $DISPATCH_RUN_ID)")
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -241,12 +206,26 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
     )
     cards = sorted_cards(cards, args.sort, args.limit)
     assignees = _assignees(ctx)
+    waits = _waits(ctx, workspace, cards)
     if ctx.json:
-        ctx.emit_json([listed_card_json(c, assignees) for c in cards])
+        ctx.emit_json([listed_card_json(c, assignees, waits) for c in cards])
     else:
-        for line in card_table(cards, times=ctx.times(), assignees=assignees):
+        times = ctx.times()
+        deferred = deferred_cards(cards, workspace.store.runs_of, times.now)
+        for line in card_table(
+            cards, times=times, assignees=assignees, waits=waits.texts(), deferred=deferred
+        ):
             ctx.out(line)
     return 0
+
+
+def _waits(ctx: Context, workspace: Workspace, cards: list[Card]) -> Waits:
+    """Which full limit each card waits for (nothing while the config is not loaded)."""
+    from dispatcher.app.limitview import Waits
+
+    if ctx.config_problem is not None:
+        return Waits()
+    return card_waits_of(workspace, cards)
 
 
 def _assignees(ctx: Context) -> frozenset[str] | None:
@@ -272,7 +251,11 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
     used = {run.run_id: resources_text(sessions.get(run.session_id or "")) for run in runs}
     shown = hosts if workspace.cluster.clustered else None
-    for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, used=used):
+    wait = _waits(ctx, workspace, [card]).text(card.id)
+    limit = workspace.settings.kanban.limit_for(card.assignee)
+    for line in show_text(
+        card, runs, events, times=ctx.times(), hosts=shown, used=used, wait=wait, limit=limit
+    ):
         ctx.out(line)
     return 0
 
@@ -285,11 +268,13 @@ def handle_edit(args: argparse.Namespace, ctx: Context) -> int:
         priority=args.priority,
         assignee=args.assignee,
         failure_limit=args.failure_limit,
+        group=args.card_group,
     )
     if not edit.changed():
         raise UsageError(
             "nothing to change",
-            remedy="give --title, --body, --body-file, --priority, --assignee or --failure-limit",
+            remedy="give --title, --body, --body-file, --priority, --assignee, --failure-limit "
+            "or --group",
         )
     workspace = _workspace(ctx)
     card = workspace.board.edit(args.id, edit, now=workspace.now())
@@ -340,10 +325,20 @@ def _board_once(ctx: Context) -> int:
     cards = workspace.store.list_cards()
     paused = workspace.store.paused()
     assignees = _assignees(ctx)
+    waits = _waits(ctx, workspace, cards)
     if ctx.json:
-        ctx.emit_json(board_document(cards, paused=paused, assignees=assignees))
+        ctx.emit_json(board_document(cards, paused=paused, assignees=assignees, waits=waits))
     else:
-        for line in board_text(cards, paused=paused, times=ctx.times(), assignees=assignees):
+        times = ctx.times()
+        deferred = deferred_cards(cards, workspace.store.runs_of, times.now)
+        for line in board_text(
+            cards,
+            paused=paused,
+            times=times,
+            assignees=assignees,
+            waits=waits.texts(),
+            deferred=deferred,
+        ):
             ctx.out(line)
     return 0
 
@@ -377,7 +372,7 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     if args.max is not None and args.max < 0:
         raise UsageError(f"--max {args.max}: must not be negative")
     workspace = _workspace(ctx)
-    held = None if args.dry_run else _admission(ctx)
+    held = _admission(ctx, dry_run=args.dry_run)
     report = workspace.tick(max_claims=0 if held else args.max, dry_run=args.dry_run)
     for warning in report.warnings:
         ctx.warn(f"warning: {warning}")
@@ -391,9 +386,10 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def _admission(ctx: Context) -> str | None:
+def _admission(ctx: Context, *, dry_run: bool) -> str | None:
     """This host's admission for a oneshot tick (continuing from the last verdict in the
-    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None."""
+    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None.
+    A dry run decides the same way but keeps nothing."""
     from dispatcher.gateway.admission import HostAdmission
     from scope.foundation.clock import SystemClock
 
@@ -404,5 +400,5 @@ def _admission(ctx: Context) -> str | None:
         SystemClock(),
         writer="kanban tick",
     )
-    verdict = admission.check()
+    verdict = admission.peek() if dry_run else admission.check()
     return (verdict.reason or "admission") if verdict.held else None

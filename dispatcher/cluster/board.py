@@ -31,17 +31,21 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dispatcher.cluster.database import BUDGET_LOCK, ClusterDB
+from dispatcher.cluster.database import BUDGET_LOCK, ClusterDB, Qmark, database_clock
 from dispatcher.cluster.faults import ClusterFault
 from dispatcher.cluster.wake import CHANNEL
 from dispatcher.kanban import rules
 from dispatcher.kanban.abc import Claim, ClaimVerdict
-from dispatcher.kanban.model import EventKind, Limits, Run
+from dispatcher.kanban.model import Card, EventKind, Limits, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, RUN_IDS, card_of, db_value, run_of
 from dispatcher.kanban.sql import READY_SINCE_SQL, SqlConnection
 from dispatcher.kanban.store import SqlBoardStore
 from dispatcher.kanban.taxonomy import Breaker, after_run
+from dispatcher.launch import holds
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.holds import Holder, Taking
+from dispatcher.launch.limits import Tally, Wants
+from dispatcher.launch.limits import refusal as limit_refusal
 from dispatcher.launch.outcome import Outcome, Result
 
 
@@ -63,25 +67,36 @@ _PICK = (
     " SELECT picked.*, pg_advisory_xact_lock(?)::text AS gate FROM picked"
 )
 # Read after the budget lock (a new snapshot per statement), so every claim committed before
-# it is counted. Each count walks a partial index of open runs, never the board.
+# it is counted. Each count walks a partial index of open runs, never the board. ``clock`` is
+# the database's clock after the lock (moved by a test's shift): the time the claim's limits
+# are counted and taken at; the named limits' counts (holds.counts) follow the columns here.
 _FACTS = (
-    "SELECT (SELECT value FROM kanban_meta WHERE key = 'paused') AS paused,"
+    "WITH clock AS MATERIALIZED (SELECT extract(epoch FROM clock_timestamp())::float8 + ? AS t)"
+    " SELECT (SELECT value FROM kanban_meta WHERE key = 'paused') AS paused,"
     " (SELECT count(*) FROM kanban_runs WHERE outcome IS NULL) AS running,"
     " (SELECT count(*) FROM kanban_runs WHERE outcome IS NULL AND host_id = ?) AS host,"
     " (SELECT count(*) FROM kanban_runs r JOIN kanban_cards c ON c.id = r.card_id"
     "  WHERE r.outcome IS NULL AND c.assignee = ?) AS mine,"
     " (SELECT count(*) FROM kanban_runs WHERE card_id = ?) AS attempts,"
     " EXISTS (SELECT 1 FROM hosts WHERE host_id = ? AND epoch = ?"
-    "  AND lease_until > now() + make_interval(secs => ?)) AS leased"
+    "  AND lease_until > now() + make_interval(secs => ?)) AS leased,"
+    " (SELECT t FROM clock) AS clock"
 )
+_FACT_COLUMNS = 7
+_CLOCK = "(SELECT t FROM clock)"
 
 
 @functools.cache
-def _claim_sql() -> str:
+def _claim_sql(marks: str = "") -> str:
+    """The claim's one statement; ``marks``: the ``VALUES`` of the run's limit holds (its
+    parameters come first)."""
     fields = rules.claimed_fields("", 0.0)
     assignments = ", ".join(f"{name} = ?" for name in (*fields, "updated_at"))
+    held = ""
+    if marks:  # marks and columns are constants of ours, never input
+        held = f"held AS (INSERT INTO limit_holds ({holds.HOLD_COLUMNS}) VALUES {marks}),"  # noqa: S608
     return (
-        "WITH run AS (INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at,"  # noqa: S608
+        f"WITH {held} run AS (INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at,"  # noqa: S608
         " claimer_pid, claimer_start, claimer_boot, host_id, epoch, ready_at)"
         f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {READY_SINCE_SQL})"
         " RETURNING *),"
@@ -89,7 +104,8 @@ def _claim_sql() -> str:
         " WHERE id = ? AND status = 'ready' AND current_run_id IS NULL RETURNING id),"
         " event AS (INSERT INTO kanban_events (card_id, run_id, kind, at, data)"
         " SELECT id, ?, ?, ?, ? FROM card),"
-        " bump AS (UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version')"
+        " bump AS (UPDATE kanban_meta SET value = value + 1 WHERE key = 'board_version'),"
+        " turn AS (UPDATE kanban_meta SET value = ? WHERE key = 'round' AND value < ?)"
         " SELECT run.*, (SELECT count(*) FROM card) AS cas, pg_notify(?, '')::text AS woke"
         " FROM run"
     )
@@ -100,7 +116,7 @@ class PgBoardStore(SqlBoardStore):
 
     ``host_max`` is this host's ``kanban.max_in_progress_per_host`` (None: only the
     cluster-wide cap), used when the caller's limits name none. ``shift`` moves the database
-    clock the lease check sees (tests only)."""
+    clock the lease check and the named limits see (tests only)."""
 
     PARENT_ORDER = "position"
     PREFIX_MATCH = "starts_with({column}, ?)"
@@ -178,8 +194,13 @@ class PgBoardStore(SqlBoardStore):
             if row is None:
                 return Claim(verdict=ClaimVerdict.NOT_READY)
             card = card_of(row, ())
+            shift = self.shift()
+            parts, counted = holds.counts(
+                limits.wants, 0.0, host=host, group=card.group, clock=_CLOCK
+            )
             facts = conn.execute(
-                _FACTS, (host, card.assignee, card_id, host, epoch, self.shift())
+                ", ".join([_FACTS, *parts]),
+                (shift, host, card.assignee, card_id, host, epoch, shift, *counted),
             ).fetchone()
             assert facts is not None  # a SELECT without FROM returns its one row
             refusal = rules.claim_refusal(
@@ -201,20 +222,56 @@ class PgBoardStore(SqlBoardStore):
                 )
             if refusal is not None:
                 return Claim(verdict=refusal)
+            run_id = RUN_IDS.new()
+            # Still under the budget lock: the holds read here are every hold committed; the
+            # claim's statement writes the new ones with the run.
+            taking = Taking(
+                wants=limits.wants, holder=Holder("run", run_id), host=host, group=card.group
+            )
+            clock = float(facts["clock"])
+            values = list(facts)[_FACT_COLUMNS:]
+            seen = holds.read_counts(conn, values, limits.wants, clock, host=host, group=card.group)
+            wait = limit_refusal(limits.wants, seen, group=card.group)
+            if wait is not None:
+                return Claim(verdict=ClaimVerdict.LIMIT, wait=wait)
             self.fault.reach("claim_counted")
-            run = self._insert_claim(conn, card_id, int(facts["attempts"]) + 1, now, claimer)
+            attempt = int(facts["attempts"]) + 1
+            run = self._insert_claim(conn, taking, card, attempt, now, claimer, clock)
         return Claim(verdict=ClaimVerdict.CLAIMED, run=run)
 
+    def _clock(self, conn: SqlConnection) -> float:
+        """The database's clock now (read after the budget lock, so later than every hold
+        already taken), moved by ``shift`` in tests: the clock every host's limits share."""
+        assert isinstance(conn, Qmark)
+        return database_clock(conn) + self.shift()
+
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        with self.db.read() as conn:
+            clock = self._clock(conn)
+            return clock, holds.tallies(conn, wants, clock, host=host, every_group=True)
+
     def _insert_claim(
-        self, conn: SqlConnection, card_id: str, attempt: int, now: float, claimer: Claimant
+        self,
+        conn: SqlConnection,
+        taking: Taking,
+        card: Card,
+        attempt: int,
+        now: float,
+        claimer: Claimant,
+        clock: float,
     ) -> Run:
         stamp = self.stamp
-        run_id = RUN_IDS.new()
+        card_id = card.id
+        run_id = taking.holder.id
+        marks, held = holds.rows(taking, clock) if taking.wants else ("", [])
         fields = rules.claimed_fields(run_id, now)
         data = json.dumps({"attempt": attempt, "claimer_pid": claimer.pid})
         got = conn.execute(
-            _claim_sql(),
+            _claim_sql(marks),
             (
+                *held,
                 run_id,
                 card_id,
                 attempt,
@@ -232,6 +289,8 @@ class PgBoardStore(SqlBoardStore):
                 EventKind.CLAIMED.value,
                 now,
                 data,
+                card.turn,
+                card.turn,
                 CHANNEL,
             ),
         ).fetchone()

@@ -321,6 +321,15 @@ class ClusterDB:
         self.close()
 
 
+def database_clock(conn: Qmark) -> float:
+    """The database server's clock now, in epoch seconds (``clock_timestamp()``: the time of
+    this statement, not of the transaction's start, so read after a lock it is later than
+    everything the lock's previous holders wrote)."""
+    row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert row is not None  # a SELECT without FROM returns its one row
+    return float(row[0])
+
+
 class Row(tuple[Any, ...]):
     """A result row read by position (``row[0]``) or by column name (``row["id"]``), as
     :class:`sqlite3.Row` is, so the SQL shared with SQLite reads the same records."""

@@ -23,14 +23,17 @@ The ledger's SQL is the SQLite ledger's (:class:`dispatcher.cron.ledger.Ledger`)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from dispatcher.cluster.board import HostStamp
-from dispatcher.cluster.database import ClusterDB, Qmark
+from dispatcher.cluster.database import BUDGET_LOCK, ClusterDB, Qmark, database_clock
+from dispatcher.cron.abc import Take
 from dispatcher.cron.changes import UNSET, FireChange
 from dispatcher.cron.ledger import Ledger, Tx, insert_sql
 from dispatcher.cron.records import FireRecord, Status
+from dispatcher.launch import holds
+from dispatcher.launch.limits import Tally, Wants
 
 LEDGER_LOCK = 0x64697370_6C6467  # "disp" "ldg": one ledger writer at a time
 _SHARED = (Status.QUEUED, Status.RETRY)
@@ -97,9 +100,35 @@ class PgLedger(Ledger):
     TX = PgTx
     GREATEST = "GREATEST"
 
-    def __init__(self, db: ClusterDB, stamp: HostStamp | None = None) -> None:
+    def __init__(
+        self,
+        db: ClusterDB,
+        stamp: HostStamp | None = None,
+        *,
+        shift: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         super().__init__(_LedgerDB(db))
         self.stamp = stamp
+        self.shift = shift
+        """Moves the database clock the named limits see (tests only)."""
+
+    def take(self, row_id: int, change: FireChange, wants: Wants, *, now: float) -> Take:
+        """See :meth:`LedgerStore.take`: under the board's budget lock (which every kanban
+        claim takes too, after the ledger's lock here), on the database's clock."""
+        with self.transaction() as tx:
+            clock = now
+            if wants:
+                tx.conn.execute("SELECT pg_advisory_xact_lock(?)", (BUDGET_LOCK,))
+                clock = database_clock(tx.conn) + self.shift()
+            host = None if self.stamp is None else self.stamp.host_id
+            return self._take(tx, row_id, change, wants, clock, host=host)
+
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        with self.db.read() as conn:
+            clock = database_clock(conn) + self.shift()
+            return clock, holds.tallies(conn, wants, clock, host=host, every_group=True)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[Tx]:
@@ -170,9 +199,11 @@ class PgLedger(Ledger):
         lost = conn.execute(
             "UPDATE cron_fires SET status = 'done', outcome = 'lost', infrastructure = 1,"
             " ended_at = ?, error = ? WHERE host_id = ? AND status IN ('spawning', 'running')"
-            " RETURNING fire_key",
+            " RETURNING fire_key, id",
             (now, f"host {host_id} lost its lease while the fire ran", host_id),
         ).fetchall()
+        for row in lost:
+            holds.release(conn, holds.Holder("fire", str(row[1])), now)
         taken = conn.execute(
             "UPDATE cron_fires SET host_id = ?, claimant = ? WHERE host_id = ?"
             " AND status = 'claimed' RETURNING fire_key",

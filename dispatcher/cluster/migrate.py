@@ -1,13 +1,14 @@
 """``dispatch state migrate --to URL``: move a single host's board and ledger into a cluster.
 
-Copies the cluster state of the host's SQLite database (cards, parents, runs, events, the
-board flags, cron fires and job state, pause state included, the notification outbox and the
-API tokens) into an **empty** cluster database, in one PostgreSQL transaction: on any error
-nothing is written, and a database that already holds a board or a ledger is refused
-untouched. Ids, event sequence numbers and fire ids are kept, so history reads the same
-afterwards. Host state (sessions, logs, exit records) stays where it is. Work in flight does
-not move: while a run is open or a fire started, the copy is refused (those workers report to
-this host's SQLite board; in the cluster they would belong to no lease).
+Copies the cluster state of the host's SQLite database (cards with their groups, parents, runs,
+events, the board flags, cron fires and job state, pause state included, the notification
+outbox, the API tokens, and the named limits' holds, so a rate window goes on counting) into an
+**empty** cluster database, in one PostgreSQL transaction: on any error nothing is written, and
+a database that already holds a board or a ledger is refused untouched. Ids, event sequence
+numbers and fire ids are kept, so history reads the same afterwards. Host state (sessions,
+logs, exit records) stays where it is. Work in flight does not move: while a run is open or a
+fire started, the copy is refused (those workers report to this host's SQLite board; in the
+cluster they would belong to no lease).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ TABLES: Sequence[tuple[str, str, str | None]] = (
     ("cron_jobs", "job_id", None),
     ("notify_outbox", "created_at, message_id, channel", None),
     ("web_tokens", "created_at, id", None),
+    ("limit_holds", "id", "id"),
 )
 _CHUNK = 1000
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dispatcher.cron.tables import DECIDED_INDEX
+from dispatcher.launch.tables import HOLDS_TABLE
+from dispatcher.rolluptables import POSTGRES as HISTORY_ROLLUP
 
 BOARD = """
 CREATE TABLE kanban_cards (
@@ -225,6 +227,21 @@ CREATE INDEX kanban_cards_retry ON kanban_cards (retry_at, id)
 """
 """Ready cards with and without a back-off (the SQLite kanban component's v4)."""
 
+GROUPS = """
+ALTER TABLE kanban_cards ADD COLUMN group_name text;
+ALTER TABLE kanban_cards ADD COLUMN turn bigint NOT NULL DEFAULT 0;
+DROP INDEX kanban_cards_pick;
+DROP INDEX kanban_cards_ready;
+CREATE INDEX kanban_cards_ready ON kanban_cards (priority DESC, turn, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NULL;
+CREATE INDEX kanban_cards_group ON kanban_cards (group_name, turn);
+INSERT INTO kanban_meta (key, value) VALUES ('round', 0);
+""" + HOLDS_TABLE.format(
+    id="bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY", text="text", real="double precision"
+)
+"""Card groups, their turns and the claim order's index (the SQLite ``kanban`` component's
+v6), and the named limits' holds (the SQLite ``limits`` component)."""
+
 MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (1, "board, cron ledger and hosts", BOARD + LEDGER + HOSTS),
     (2, "open runs and fires by host", HOST_INDEXES),
@@ -236,6 +253,8 @@ MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (8, "ready cards with and without a back-off", READY_INDEXES),
     (9, "settled fires that never ran, by decision time", DECIDED_INDEX),
     (10, "runs' ready time; closed runs by end time", RUN_HISTORY),
+    (11, "card groups and named limits", GROUPS),
+    (12, "the history rollup, kept exact", HISTORY_ROLLUP),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

@@ -12,7 +12,10 @@ for cluster mode):
   clears why it was paused;
 * a worker's deferral lands only on its own try while that try is starting or running;
 * a transaction (:meth:`LedgerStore.transaction`) commits every decision of a tick together, or
-  none of them.
+  none of them;
+* a fire takes the named limits its job ``uses`` in the compare-and-set that starts it, all or
+  none (:meth:`LedgerStore.take`), and releases them in the one that settles it: a cron fire
+  and a kanban run using one limit share it.
 
 The records (:class:`~dispatcher.cron.records.FireRecord`,
 :class:`~dispatcher.cron.records.JobState`) and the row status enum are
@@ -24,13 +27,24 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.buckets import Bucket, Window
 from dispatcher.cron.records import FireRecord, JobState, Status
+from dispatcher.launch.limits import LimitWait, Tally, Wants
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
+
+
+@dataclass(frozen=True, kw_only=True)
+class Take:
+    """What :meth:`LedgerStore.take` did: ``taken`` (the row moved on), or not because it is
+    no longer claimed, or because a named limit is full (``wait`` says which)."""
+
+    taken: bool
+    wait: LimitWait | None = None
 
 
 class LedgerTx(abc.ABC):
@@ -120,6 +134,21 @@ class LedgerStore(abc.ABC):
         """Compare-and-set on the status, in its own transaction."""
 
     @abc.abstractmethod
+    def take(self, row_id: int, change: FireChange, wants: Wants, *, now: float) -> Take:
+        """Move a ``claimed`` row on with ``change`` (compare-and-set), taking every limit of
+        ``wants`` for it in the same transaction, all or none: not taken, changing nothing,
+        when the row is no longer claimed or a limit is full (with the wait). Limits count
+        on the ledger's clock: ``now`` on one host, the database's in a cluster. A row that
+        reaches ``done`` by any update releases what it took."""
+
+    @abc.abstractmethod
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        """What the holds of ``wants`` say now, and the time they were read at (as
+        :meth:`dispatcher.kanban.abc.BoardStore.limit_tallies`)."""
+
+    @abc.abstractmethod
     def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
         """Rows that are not done (optionally only these statuses), oldest first."""
 
@@ -151,6 +180,13 @@ class LedgerStore(abc.ABC):
         settled (:func:`dispatcher.cron.history.fire_time`): counts by outcome, and the spreads
         ``lag`` (due to start of scheduled fires) and ``run`` (start to end). Index ranges on
         the end and decision times, never a walk of the ledger."""
+
+    @abc.abstractmethod
+    def roll_up(self, now: float, *, spans: int = 12) -> int:
+        """Store the answers of settled buckets of :data:`dispatcher.rollup.STEPS` that have
+        none yet, as :meth:`dispatcher.kanban.abc.BoardStore.roll_up` does for the board: it
+        never changes what :meth:`fire_buckets` answers; how many were stored (0: current; a
+        ledger in memory keeps nothing)."""
 
     @abc.abstractmethod
     def fires_in(

@@ -22,16 +22,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dispatcher.cron.abc import LedgerStore
-from dispatcher.cron.changes import FireChange
-from dispatcher.cron.records import FAILURE_OUTCOMES, FireRecord, RetryKind, Status
+from dispatcher.cron.abc import LedgerStore, Take
+from dispatcher.cron.changes import UNSET, FireChange
+from dispatcher.cron.records import FAILURE_OUTCOMES, WAITING, FireRecord, RetryKind, Status
 from dispatcher.cron.retries import Verdict, after_try
 from dispatcher.cron.settings import CronJob, CronSettings, OnExhausted
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.core import LaunchCore, Orphan, Recorded
 from dispatcher.launch.failure import WorkerSetupError
+from dispatcher.launch.limits import Wants
 from dispatcher.launch.outcome import CRON_DECISIONS, Outcome, Result, outcome_of
 from dispatcher.launch.setup import Workplace
+from dispatcher.timefmt import iso
 from registry.abc import Owner, OwnerKind, Registry, Session, SpawnRequest
 from scope.abc import CallerKind
 from scope.foundation.clock import Clock
@@ -157,18 +159,32 @@ class FireRunner:
 
     # -- starting ----------------------------------------------------------------------------
 
-    def start(self, row: FireRecord, job: CronJob | None, now: float) -> FireRecord:
+    def start(
+        self, row: FireRecord, job: CronJob | None, now: float, wants: Wants = ()
+    ) -> FireRecord:
         """:meth:`take` the row, then :meth:`launch` it; returns the fresh row (unchanged when
-        it was replaced or taken by someone else meanwhile)."""
-        if not self.take(row, now):
+        it was replaced or taken by someone else meanwhile; ``missed`` with the limit's name
+        when one it ``wants`` filled up meanwhile: a started-by-hand fire does not queue)."""
+        took = self.take(row, now, wants)
+        if took.wait is not None:
+            missed = Result(outcome=Outcome.MISSED, error=took.wait.reason)
+            self.finalize(row.id, missed, expect=(Status.CLAIMED,), job=job)
+        if not took.taken:
             return self.ledger.get(row.id)
         return self.launch(row, job, now)
 
-    def take(self, row: FireRecord, now: float) -> bool:
-        """Move a claimed row to ``spawning`` (compare-and-set); False when it is no longer
-        claimed (replaced, or settled by someone else)."""
-        change = FireChange(status=Status.SPAWNING, actual=now, claimant=self.claimant)
-        return self.ledger.update(row.id, (Status.CLAIMED,), change)
+    def take(self, row: FireRecord, now: float, wants: Wants = ()) -> Take:
+        """Move a claimed row to ``spawning`` (compare-and-set), taking the named limits
+        ``wants`` for it, all or none; not taken when the row is no longer claimed (replaced,
+        or settled by someone else) or a limit is full (the take's ``wait``)."""
+        change = FireChange(
+            status=Status.SPAWNING,
+            actual=now,
+            claimant=self.claimant,
+            # The note of a fire a limit held back goes; another try's error stays.
+            error=None if (row.error or "").startswith(WAITING) else UNSET,
+        )
+        return self.ledger.take(row.id, change, wants, now=now)
 
     def launch(self, row: FireRecord, job: CronJob | None, now: float) -> FireRecord:
         """Spawn the worker of a row this runner took; records the session or the failure."""
@@ -288,11 +304,11 @@ class FireRunner:
         if not self.ledger.update(row.id, expect, change):
             return None
         log.info(
-            "cron fire %s: try %d %s; next try at %.0f (%s)",
+            "cron fire %s: try %d %s; next try at %s (%s)",
             row.fire_key,
             row.try_number,
             verdict.tried.outcome.value,
-            following.at,
+            iso(following.at),
             following.reason or following.kind.value,
         )
         if self.on_retry is not None:

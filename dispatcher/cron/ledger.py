@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron import notices
-from dispatcher.cron.abc import LedgerStore, LedgerTx
+from dispatcher.cron.abc import LedgerStore, LedgerTx, Take
 from dispatcher.cron.history import SqlFireHistory
 from dispatcher.cron.records import (
     COLUMNS,
@@ -36,6 +36,9 @@ from dispatcher.cron.records import (
     Try,
     load_tries,
 )
+from dispatcher.launch import holds
+from dispatcher.launch.holds import Holder, Taking
+from dispatcher.launch.limits import Tally, Wants
 from dispatcher.launch.outbox import Outbox
 from dispatcher.launch.outcome import Outcome
 
@@ -277,6 +280,31 @@ class Ledger(SqlFireHistory, LedgerStore):
         with self.db.write() as conn:
             return _update(conn, row_id, expect, change.columns(), self.outbox)
 
+    def take(self, row_id: int, change: FireChange, wants: Wants, *, now: float) -> Take:
+        """See :meth:`LedgerStore.take` (the write lock serializes every taking of limits)."""
+        with self.transaction() as tx:
+            return self._take(tx, row_id, change, wants, now, host=None)
+
+    @staticmethod
+    def _take(
+        tx: Tx, row_id: int, change: FireChange, wants: Wants, now: float, *, host: str | None
+    ) -> Take:
+        """:meth:`take` inside ``tx``, at ``now`` on the ledger's clock, for ``host``."""
+        row = tx.conn.execute("SELECT status FROM cron_fires WHERE id = ?", (row_id,)).fetchone()
+        if row is None or row[0] != Status.CLAIMED.value:
+            return Take(taken=False)
+        taking = Taking(wants=wants, holder=Holder("fire", str(row_id)), host=host)
+        wait = holds.try_take(tx.conn, taking, now)
+        if wait is not None:
+            return Take(taken=False, wait=wait)
+        return Take(taken=tx.update(row_id, (Status.CLAIMED,), change))
+
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        with self.db.read() as conn:
+            return now, holds.tallies(conn, wants, now, host=host, every_group=True)
+
     def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
         """Rows that are not done (optionally only these statuses), oldest first."""
         wanted = (
@@ -457,6 +485,10 @@ def insert_sql(names: tuple[str, ...]) -> str:
 # Values go to SQLite as they are: StrEnum members bind as text, bools as integers.
 
 
+RELEASING = (Status.DONE, Status.RETRY)
+"""Statuses a fire's row leaves its worker for: its limits are released as it reaches one."""
+
+
 def _update(
     conn: sqlite3.Connection,
     row_id: int,
@@ -474,7 +506,11 @@ def _update(
         (*values.values(), row_id, *(s.value for s in expect)),
     )
     changed = cursor.rowcount == 1
-    if changed and outbox is not None and values.get("status") == Status.DONE:
-        # In the settle's own transaction: the message commits with the outcome or not at all.
+    if changed and values.get("status") in RELEASING:
+        # A settled fire's named limits (or a try's, before a retry) are free again, in the
+        # same transaction; the next try takes them anew.
+        holds.release(conn, Holder("fire", str(row_id)), values.get("ended_at") or 0.0)
+    if changed and values.get("status") == Status.DONE and outbox is not None:
+        # The message commits with the outcome or not at all.
         notices.fires(conn, outbox, [row_id])
     return changed

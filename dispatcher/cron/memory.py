@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.buckets import Bucket, Window
 from dispatcher.cron import history
-from dispatcher.cron.abc import LedgerStore, LedgerTx
+from dispatcher.cron.abc import LedgerStore, LedgerTx, Take
 from dispatcher.cron.records import COLUMNS, EMPTY_ROW, FireRecord, JobState, Status
+from dispatcher.launch.holds import Holder, MemoryHolds, Taking
+from dispatcher.launch.limits import Tally, Wants
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
@@ -39,6 +41,8 @@ class _Book:
     keys: dict[str, int] = field(default_factory=dict)
     jobs: dict[str, JobState] = field(default_factory=dict)
     last_id: int = 0
+    settled: list[int] = field(default_factory=list)
+    """Rows this copy moved to ``done``: their limit holds are released when it commits."""
 
     def copy(self) -> _Book:
         return _Book(
@@ -73,6 +77,8 @@ class _Book:
         if row is None or row["status"] not in {s.value for s in expect}:
             return False
         row.update(values)
+        if values.get("status") in (Status.DONE.value, Status.RETRY.value):
+            self.settled.append(row_id)
         return True
 
     def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None) -> bool:
@@ -169,16 +175,41 @@ class MemoryTx(LedgerTx):
 class MemoryLedger(LedgerStore):
     """The cron ledger in memory, guarded by one lock (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, holds: MemoryHolds | None = None) -> None:
         self._lock = threading.RLock()
         self._book = _Book()
+        self.holds = holds or MemoryHolds()
+        """The named limits' holds (share one with a memory board to share the limits)."""
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[MemoryTx]:
         with self._lock:
             work = self._book.copy()
             yield MemoryTx(work)
-            self._book = work
+            self._commit(work)
+
+    def _commit(self, book: _Book) -> None:
+        """Make ``book`` the ledger, releasing the holds of the rows it settled."""
+        self._book = book
+        for row_id in book.settled:
+            self.holds.release(Holder("fire", str(row_id)), book.rows[row_id]["ended_at"] or 0.0)
+        book.settled.clear()
+
+    def take(self, row_id: int, change: FireChange, wants: Wants, *, now: float) -> Take:
+        with self._lock:
+            row = self._book.rows.get(row_id)
+            if row is None or row["status"] != Status.CLAIMED.value:
+                return Take(taken=False)
+            taking = Taking(wants=wants, holder=Holder("fire", str(row_id)))
+            wait = self.holds.try_take(taking, now)
+            if wait is not None:
+                return Take(taken=False, wait=wait)
+            return Take(taken=self.update(row_id, (Status.CLAIMED,), change))
+
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        return now, self.holds.tallies(wants, now, host=host, every_group=True)
 
     def job_states(self) -> dict[str, JobState]:
         with self._lock:
@@ -211,7 +242,9 @@ class MemoryLedger(LedgerStore):
 
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         with self._lock:
-            return self._book.update(row_id, expect, change)
+            changed = self._book.update(row_id, expect, change)
+            self._commit(self._book)
+            return changed
 
     def open_rows(self, statuses: Sequence[Status] | None = None) -> list[FireRecord]:
         wanted = [s.value for s in statuses] if statuses else None
@@ -259,6 +292,9 @@ class MemoryLedger(LedgerStore):
 
     def fire_buckets(self, window: Window, *, job_id: str | None = None) -> list[Bucket]:
         return history.fire_buckets(window, self._records(), job_id)
+
+    def roll_up(self, now: float, *, spans: int = 12) -> int:
+        return 0
 
     def fires_in(
         self,

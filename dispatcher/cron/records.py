@@ -31,6 +31,7 @@ __all__ = [
     "COLUMNS",
     "EMPTY_ROW",
     "FAILURE_OUTCOMES",
+    "WAITING",
     "FireRecord",
     "JobState",
     "Kind",
@@ -73,6 +74,10 @@ FAILURE_OUTCOMES = frozenset(
     }
 )
 """Outcomes after which a job's ``on_failure`` command runs."""
+
+WAITING = "waiting: "
+"""How a held fire's row begins its ``error`` while it waits to start (see
+:mod:`dispatcher.cron.hold`; cleared when it starts)."""
 
 ACTIVE = (Status.CLAIMED, Status.SPAWNING, Status.RUNNING)
 """Statuses of a fire whose worker is starting or running."""

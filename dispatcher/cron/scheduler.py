@@ -39,7 +39,7 @@ from dispatcher.cron.changes import FireChange
 from dispatcher.cron.decisions import Batch, Decider
 from dispatcher.cron.errors import CronError
 from dispatcher.cron.firing import FireRunner, Settled
-from dispatcher.cron.hold import Hold, split_held, start_deadline
+from dispatcher.cron.hold import HeldFires, Hold, Waiting, split_held, start_deadline
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.plan import JobPlan, job_active, plan_job
 from dispatcher.cron.records import BUSY, FireRecord, Kind, Status
@@ -47,6 +47,7 @@ from dispatcher.cron.settings import CronJob, CronSettings
 from dispatcher.cron.timeline import fire_key, format_wall, local_wall
 from dispatcher.cron.zones import ZoneResolver, resolver_for
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.limits import LimitSpec, Wants, wants_of
 from dispatcher.launch.outcome import Outcome, Result
 from registry.abc import OwnerKind, Registry, Session
 from registry.store.database import StateDB
@@ -113,6 +114,7 @@ class CronScheduler:
         rng: random.Random | None = None,
         wake_interval: float = 30.0,
         ledger: LedgerStore | None = None,
+        limits: Mapping[str, LimitSpec] | None = None,
     ) -> None:
         self.registry = registry
         # Cluster state may live elsewhere than the host's database (dispatcher.app.clusterstate).
@@ -147,6 +149,9 @@ class CronScheduler:
         self._spawner: Executor | None = None
         self._wake_request: Callable[[float], None] | None = None
         self._plans: dict[str, JobPlan] = {}
+        self.limits = dict(limits or {})
+        """The named limits (``limits:``) the jobs' ``uses`` name."""
+        self.held = HeldFires(self.ledger, self.runner)
         self._hold: Hold | None = None
         self._decide_held = True
         self._held_reason: str | None = None
@@ -180,9 +185,14 @@ class CronScheduler:
         """The configured jobs by id."""
         return dict(self._plans)
 
-    def reload(self, settings: CronSettings) -> None:
-        """Use a new ``cron:`` section; new jobs start from now, removed jobs stop firing."""
+    def reload(
+        self, settings: CronSettings, *, limits: Mapping[str, LimitSpec] | None = None
+    ) -> None:
+        """Use a new ``cron:`` section (and ``limits:``, when given); new jobs start from now,
+        removed jobs stop firing; a lowered limit holds new fires, never stops a running one."""
         with self._lock:
+            if limits is not None:
+                self.limits = dict(limits)
             self._apply_settings(settings)
         self._want_wake(self.clock.time())
 
@@ -385,7 +395,12 @@ class CronScheduler:
                 break
             plan = self._plans.get(row.job_id)
             job = plan.job if plan else None
-            if not self.runner.take(row, now):
+            took = self.runner.take(row, now, self._wants(job))
+            if took.wait is not None:
+                look = self.held.hold(row, Waiting.of_limit(took.wait, now), job=job, now=now)
+                pending += [] if look is None else [look]
+                continue
+            if not took.taken:
                 continue
             workers += 1
             if self._spawner is not None:
@@ -396,6 +411,10 @@ class CronScheduler:
             else:
                 started.append(self.runner.launch(row, job, now))
         return started, pending
+
+    def _wants(self, job: CronJob | None) -> Wants:
+        """The named limits a fire of ``job`` takes."""
+        return () if job is None else wants_of(job.uses, self.limits)
 
     def _hold_back(
         self, ready: list[FireRecord], now: float, held: str | None, pending: list[float]
@@ -453,6 +472,7 @@ class CronScheduler:
                     job_id=job_id,
                     remedy="wait for one to finish or raise cron.max_concurrent",
                 )
+            self._refuse_full_limit(plan.job, job_id)
             wall, fold = local_wall(now, plan.schedule.zone)
             key = f"{job_id}@run:{format_wall(wall)}:{secrets.token_hex(3)}"
             with self.ledger.transaction() as tx:
@@ -470,7 +490,13 @@ class CronScheduler:
                     claimant=self.claimant,
                 )
             assert row_id is not None
-            return self.runner.start(self.ledger.get(row_id), plan.job, now)
+            return self.runner.start(self.ledger.get(row_id), plan.job, now, self._wants(plan.job))
+
+    def _refuse_full_limit(self, job: CronJob, job_id: str) -> None:
+        """CronError naming the first full limit ``job`` uses (a manual run is not queued)."""
+        wait = self.held.full_limit(self._wants(job), now=self.clock.time())
+        if wait is not None:
+            raise CronError(wait, job_id=job_id, remedy="try again when a run holding it ends")
 
     def settle(self, session: Session) -> FireRecord | None:
         """Record the outcome of a finished fire's session now (e.g. after waiting for it)."""

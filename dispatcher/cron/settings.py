@@ -15,6 +15,7 @@ from dispatcher.commonsettings import (
     pty_setting,
     resources_setting,
     shell_setting,
+    uses_setting,
 )
 from dispatcher.cron.crontab import parse as parse_crontab
 from dispatcher.cron.errors import CronExpressionError
@@ -144,6 +145,7 @@ class CronJob:
         doc="After a fire failed every attempt: none, or pause (the job fires again after "
         "dispatch cron resume).",
     )
+    uses: tuple[str, ...] = uses_setting()
 
     def check(self) -> None:
         """Cross-key rules: exactly one of schedule/every; string commands need shell."""

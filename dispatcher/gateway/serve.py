@@ -262,6 +262,7 @@ class Gateway:
             state_dir=self.state_dir,
             config_path=self.config_path,
             ledger=self._cluster.ledger,
+            limits=self.settings.limits,
         )
         self._cron_waker = CronWaker(self._cron)
         assert self._cluster.outbox is not None
@@ -295,16 +296,8 @@ class Gateway:
 
     def _make_kanban(self, settings: Settings) -> KanbanDispatcher:
         assert self._runtime is not None and self._store is not None
-        return KanbanDispatcher(
-            store=self._store,
-            registry=self._runtime.registry,
-            settings=settings.kanban,
-            state_dir=self.state_dir,
-            caller=CallerKind.KANBAN,
-            config_path=self.config_path,
-            environ=spawn_environ(settings, self.environ),
-            scoper=self._runtime.scoper,
-            adopt=False,
+        return self._runtime.kanban_dispatcher(
+            self._store, settings, self.environ, config_path=self.config_path, adopt=False
         )
 
     # -- the loop ----------------------------------------------------------------------------
@@ -470,7 +463,7 @@ class Gateway:
         )
         self.settings = new
         assert self._cron is not None
-        self._cron.reload(new.cron)
+        self._cron.reload(new.cron, limits=new.limits)
         self._kanban = self._make_kanban(new)
         log.info("reloaded %s", loaded.source)
         self._record_reload(started, error=None)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # annotations only: every short write command loads this cont
     from dispatcher.kanban.history import RunLine
     from dispatcher.kanban.search import CardPage, CardQuery
     from dispatcher.launch.claimant import Claimant
+    from dispatcher.launch.limits import LimitWait, Tally, Wants
     from dispatcher.launch.outcome import Outcome, Result
 
 
@@ -62,14 +63,18 @@ class ClaimVerdict(enum.StrEnum):
     """Cluster mode: this host's ``kanban.max_in_progress_per_host`` reached."""
     NO_LEASE = "no_lease"
     """Cluster mode: this host holds no live lease at the epoch it claims under."""
+    LIMIT = "limit"
+    """A named limit the assignee ``uses`` is full (:attr:`Claim.wait` says which)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class Claim:
-    """The result of a claim attempt (``run`` is set exactly when ``verdict`` is CLAIMED)."""
+    """The result of a claim attempt (``run`` is set exactly when ``verdict`` is CLAIMED;
+    ``wait`` exactly when it is LIMIT)."""
 
     verdict: ClaimVerdict
     run: Run | None = None
+    wait: LimitWait | None = None
 
 
 Decide = Callable[[Card, Run], CardChange]
@@ -196,7 +201,23 @@ class BoardStore(abc.ABC):
         ignore_cooldown: bool = False,
     ) -> Claim:
         """Compare-and-set ``ready`` → ``running`` and open a run, checking the pause flag,
-        back-off, cooldown and both budgets inside the same transaction (``claimed`` event)."""
+        back-off, cooldown and both budgets inside the same transaction (``claimed`` event);
+        then takes every named limit of ``limits.wants`` for the run, all or none
+        (:func:`dispatcher.launch.holds.try_take`: LIMIT with the wait when one is full). The
+        run's holds are released in the transaction that closes it. Limit times are the
+        store's clock (:meth:`limit_tallies`)."""
+
+    @abc.abstractmethod
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        """What the holds of ``wants`` count for a start on ``host`` now (the open holds of
+        every group), and the time they were read at: ``now`` on one host, the database's
+        clock in a cluster (rates count on it there)."""
+
+    @abc.abstractmethod
+    def prune_holds(self, before: float) -> int:
+        """Forget released holds taken before ``before`` (no rate window reaches that far)."""
 
     @abc.abstractmethod
     def record_spawn(
@@ -291,6 +312,15 @@ class BoardStore(abc.ABC):
         events fall in it, by (from, to) (:func:`dispatcher.kanban.history.transition`), read
         in one snapshot: :func:`dispatcher.buckets.depth` turns them into the counts at each
         bucket's end. A range read of the events in the window, not of the whole log."""
+
+    @abc.abstractmethod
+    def roll_up(self, now: float, *, spans: int = 12) -> int:
+        """Store the answers of settled buckets of :data:`dispatcher.rolluptables.STEPS` that
+        have none yet (newest first, at most ``spans`` spans of two hours, in short write
+        transactions; forgetting those past the horizon) and return how many were stored: 0
+        when the rollup is current. It never changes what :meth:`run_buckets` and
+        :meth:`status_flows` answer, only how much they count (:mod:`dispatcher.rollup`); a
+        store that counts in memory keeps nothing and returns 0."""
 
     @abc.abstractmethod
     def runs_in(

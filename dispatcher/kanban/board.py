@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 MAX_TITLE = 500
 MAX_BODY = 16 * 1024 * 1024
 MAX_KEY = 200
+MAX_GROUP = 100
 MAX_NOTE = 64 * 1024
 PRIORITY_RANGE = (-(10**9), 10**9)
 """The priorities a card may have (``--priority``, the API's ``priority``)."""
@@ -108,6 +109,15 @@ class Board:
             raise BadCard("title", title, "must be a single line (put details in --body)")
         return check_text("title", text, MAX_TITLE)
 
+    @staticmethod
+    def check_group(group: str, *, clearing: bool = False) -> str:
+        """A card group: printable text on one line, at most 100 characters, blanks around it
+        removed; the empty string only where it means "no group" (``clearing``)."""
+        text = strip_blanks(group)
+        if not text and not clearing:
+            raise BadCard("--group", group, "must not be empty (leave --group out for none)")
+        return check_text("--group", text, MAX_GROUP)
+
     def resolve_parents(self, texts: Sequence[str]) -> tuple[str, ...]:
         """Card ids for ``--parent`` values (too short → BadCard, unknown or malformed →
         NotFoundError)."""
@@ -139,6 +149,7 @@ class Board:
         parents: Sequence[str] = (),
         idempotency_key: str | None = None,
         failure_limit: int | None = None,
+        group: str | None = None,
     ) -> tuple[Card, bool]:
         """Validate, then store a card; a repeated idempotency key returns the existing card
         (and False) without checking anything else."""
@@ -151,6 +162,7 @@ class Board:
         self.check_assignee(assignee)
         if failure_limit is not None and failure_limit < 1:
             raise BadCard("--failure-limit", str(failure_limit), "must be at least 1")
+        group = None if group is None else self.check_group(group)
         parent_ids = self.resolve_parents(parents)
         return self.store.add_card(
             NewCard(
@@ -161,6 +173,7 @@ class Board:
                 parents=parent_ids,
                 idempotency_key=idempotency_key,
                 failure_limit=failure_limit,
+                group=group,
             ),
             now=now,
         )
@@ -176,6 +189,10 @@ class Board:
             self.check_assignee(edit.assignee)
         if edit.failure_limit is not None and edit.failure_limit < 1:
             raise BadCard("--failure-limit", str(edit.failure_limit), "must be at least 1")
+        if edit.group is not None:
+            edit = CardEdit(
+                **{**edit.__dict__, "group": self.check_group(edit.group, clearing=True)}
+            )
         return self.store.edit_card(card.id, edit, now=now)
 
     def unblock(self, card_text: str, *, now: float) -> Card:

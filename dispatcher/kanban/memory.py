@@ -33,6 +33,8 @@ from dispatcher.kanban.model import (
 from dispatcher.kanban.rows import CARD_FIELDS, CARD_IDS, RUN_IDS
 from dispatcher.kanban.search import CardPage, CardQuery
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.holds import Holder, MemoryHolds, Taking
+from dispatcher.launch.limits import Tally, Wants
 from dispatcher.launch.outcome import Outcome, Result
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
@@ -41,7 +43,7 @@ from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 class MemoryBoardStore(BoardStore):
     """Cards, runs and events in dictionaries, guarded by one lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, holds: MemoryHolds | None = None) -> None:
         self._lock = threading.RLock()
         self._cards: dict[str, Card] = {}
         self._runs: dict[str, Run] = {}
@@ -49,6 +51,9 @@ class MemoryBoardStore(BoardStore):
         self._keys: dict[str, str] = {}
         self._paused = False
         self._version = 0
+        self._round = 0
+        self.holds = holds or MemoryHolds()
+        """The named limits' holds (share one with a memory ledger to share the limits)."""
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -105,6 +110,11 @@ class MemoryBoardStore(BoardStore):
             if run.open and (assignee is None or self._cards[run.card_id].assignee == assignee)
         )
 
+    def _turn(self, group: str | None) -> int:
+        """The turn of a card joining ``group``'s queue now (:func:`rules.turn_for`)."""
+        turns = [c.turn for c in self._cards.values() if c.group == group]
+        return rules.turn_for(max(turns) if turns else None, self._round)
+
     def _resolve(self, text: str, kind: IdKind, ids: Sequence[str]) -> str:
         """The id ``text`` names, by the one id rule (:func:`scope.foundation.ids.lookup`)."""
         return lookup(
@@ -137,6 +147,8 @@ class MemoryBoardStore(BoardStore):
                 idempotency_key=new.idempotency_key,
                 failure_limit=new.failure_limit,
                 parents=tuple(dict.fromkeys(new.parents)),
+                group=new.group,
+                turn=self._turn(new.group),
             )
             status = rules.status_after_parents(self._parents_done(card))
             self._cards[card_id] = dataclasses.replace(card, status=status)
@@ -185,7 +197,12 @@ class MemoryBoardStore(BoardStore):
         with self._lock:
             card = self._card(card_id)
             change = rules.edit_change(card, edit)
-            return card if change is None else self._apply(card_id, change, now)
+            if change is None:
+                return card
+            if rules.joins_queue(card, change.fields):
+                turn = self._turn(change.fields["group"])
+                change = dataclasses.replace(change, fields={**change.fields, "turn": turn})
+            return self._apply(card_id, change, now)
 
     # -- runs and events ---------------------------------------------------------------------
 
@@ -244,7 +261,8 @@ class MemoryBoardStore(BoardStore):
         with self._lock:
             for card in list(self._cards.values()):
                 if card.status is CardStatus.TODO and self._parents_done(card):
-                    self._update(card.id, {"status": CardStatus.READY}, now)
+                    turn = self._turn(card.group)
+                    self._update(card.id, {"status": CardStatus.READY, "turn": turn}, now)
                     self._event(card.id, EventKind.PROMOTED, {"reason": "parents done"}, now)
                     done.append((card.id, EventKind.PROMOTED))
             for card in list(self._cards.values()):
@@ -273,9 +291,9 @@ class MemoryBoardStore(BoardStore):
                 and c.current_run_id is None
                 and (now is None or c.retry_at is None or c.retry_at <= now)
             ]
-        ordered = sorted(cards, key=_board_order)
+        ordered = sorted(cards, key=rules.claim_order)
         if after is not None:
-            ordered = [c for c in ordered if _board_order(c) > _board_order(after)]
+            ordered = [c for c in ordered if rules.claim_order(c) > rules.claim_order(after)]
         return ordered if limit is None else ordered[: max(0, limit)]
 
     def backing_off(self, *, now: float, limit: int) -> list[str]:
@@ -310,9 +328,14 @@ class MemoryBoardStore(BoardStore):
                 refusal = rules.budget_refusal(limits, running=self._open_count(), mine=mine)
             if refusal is not None:
                 return Claim(verdict=refusal)
+            run_id = RUN_IDS.new()
+            taking = Taking(wants=limits.wants, holder=Holder("run", run_id), group=card.group)
+            wait = self.holds.try_take(taking, now)
+            if wait is not None:
+                return Claim(verdict=ClaimVerdict.LIMIT, wait=wait)
             attempt = 1 + sum(1 for r in self._runs.values() if r.card_id == card_id)
             run = Run(
-                run_id=RUN_IDS.new(),
+                run_id=run_id,
                 card_id=card_id,
                 attempt=attempt,
                 claimed_at=now,
@@ -327,11 +350,20 @@ class MemoryBoardStore(BoardStore):
                 ),
             )
             self._runs[run.run_id] = run
+            self._round = rules.round_after(self._round, card)
             self._update(card_id, rules.claimed_fields(run.run_id, now), now)
             data = {"attempt": attempt, "claimer_pid": claimer.pid}
             self._event(card_id, EventKind.CLAIMED, data, now, run.run_id)
             self._version += 1
             return Claim(verdict=ClaimVerdict.CLAIMED, run=run)
+
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        return now, self.holds.tallies(wants, now, host=host, every_group=True)
+
+    def prune_holds(self, before: float) -> int:
+        return self.holds.prune(before)
 
     def record_spawn(
         self,
@@ -374,6 +406,7 @@ class MemoryBoardStore(BoardStore):
                 session_id=run.session_id or result.session_id,
             )
             self._runs[run_id] = run
+            self.holds.release(Holder("run", run_id), now)
             fields = dict(change.fields)
             if card.current_run_id == run_id:
                 fields["current_run_id"] = None
@@ -431,9 +464,10 @@ class MemoryBoardStore(BoardStore):
             if card.status is status:
                 return card
             data = {"from": card.status.value, "to": status.value, "by": "operator"}
-            change = rules.Change(
-                fields=move_fields(card, status, now), kind=EventKind.MOVED, data=data
-            )
+            fields = move_fields(card, status, now)
+            if rules.joins_queue(card, fields):
+                fields["turn"] = self._turn(card.group)
+            change = rules.Change(fields=fields, kind=EventKind.MOVED, data=data)
             return self._apply(card_id, change, now)
 
     def archive(self, card_id: str, *, now: float) -> Card:
@@ -495,6 +529,9 @@ class MemoryBoardStore(BoardStore):
             inside = [e for e in self._events if window.start <= e.at < window.end]
             return counts, history.status_flows(window, inside, self._runs.values())
 
+    def roll_up(self, now: float, *, spans: int = 12) -> int:
+        return 0
+
     def runs_in(
         self,
         start: float,
@@ -518,7 +555,6 @@ class MemoryBoardStore(BoardStore):
             )
 
     def search_cards(self, query: CardQuery) -> CardPage:
-        search.no_groups(query)
         with self._lock:
             found = search.order(
                 [c for c in self._cards.values() if search.matches(c, query)], query

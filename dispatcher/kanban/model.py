@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: every short write command loads these records
     from dispatcher.launch.claimant import Claimant
+    from dispatcher.launch.limits import Wants
     from dispatcher.launch.outcome import Outcome
 
 
@@ -120,6 +121,12 @@ class Card:
     """Text the worker passed to ``complete --result``."""
     assignee_noted: bool = False
     """The "assignee unknown" event was already recorded."""
+    group: str | None = None
+    """The card's group (a customer, a tenant): claims rotate between groups, and a limit's
+    ``per_group`` caps each group separately. None: the cards without a group, one group."""
+    turn: int = 0
+    """The card's place in its group's queue (:func:`dispatcher.kanban.rules.turn_for`): ready
+    cards are claimed by priority, then turn, so groups take turns."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,6 +183,7 @@ class NewCard:
     parents: tuple[str, ...] = ()
     idempotency_key: str | None = None
     failure_limit: int | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +195,8 @@ class CardEdit:
     priority: int | None = None
     assignee: str | None = None
     failure_limit: int | None = None
+    group: str | None = None
+    """A new group; the empty string takes the card out of every group."""
 
     def changed(self) -> dict[str, Any]:
         """The fields that are set."""
@@ -201,6 +211,8 @@ class Limits:
     assignee_max: int | None = None
     host_max: int | None = None
     """Cluster mode: open runs this host may hold (``kanban.max_in_progress_per_host``)."""
+    wants: Wants = ()
+    """The named limits the run takes (its assignee's ``uses``), all or none."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -71,12 +71,12 @@ def record(
     if not events:
         return
     row = conn.execute(
-        "SELECT title, assignee, status FROM kanban_cards WHERE id = ?", (card_id,)
+        "SELECT title, assignee, status, group_name FROM kanban_cards WHERE id = ?", (card_id,)
     ).fetchone()
-    card = {"id": card_id, "title": row[0], "assignee": row[1], "status": row[2]}
+    card = {"id": card_id, "title": row[0], "assignee": row[1], "status": row[2], "group": row[3]}
     fields = {"card": card, "run_id": run_id, "data": dict(data)}
     for event in events:
-        outbox.record(conn, event, fields, Subject(assignee=row[1]), now)
+        outbox.record(conn, event, fields, Subject(assignee=row[1], group=row[3]), now)
 
 
 def _infrastructure(

@@ -51,6 +51,8 @@ class TickReport:
     backing_off: tuple[str, ...] = ()
     deferred: tuple[str, ...] = ()
     """Ready cards left for a later tick (budget or ``--max``)."""
+    limited: tuple[tuple[str, str], ...] = ()
+    """(card id, what it waits for): ready cards a full named limit held back."""
     unknown_assignee: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     board_version: int = 0
@@ -77,6 +79,7 @@ class TickReport:
             "guarded": list(self.guarded),
             "backing_off": list(self.backing_off),
             "deferred": list(self.deferred),
+            "limited": [{"card_id": card_id, "wait": wait} for card_id, wait in self.limited],
             "unknown_assignee": list(self.unknown_assignee),
             "warnings": list(self.warnings),
             "board_version": self.board_version,

@@ -29,9 +29,14 @@ CARD_COLUMNS = (
     "id, title, body, assignee, status, priority, created_at, updated_at, started_at, "
     "completed_at, consecutive_failures, failure_limit, last_failure_error, block_kind, "
     "blocked_until, current_run_id, idempotency_key, tempfail_count, retry_at, cooldown_until, "
-    "result, assignee_noted"
+    "result, assignee_noted, group_name, turn"
 )
-CARD_FIELDS = frozenset(c.strip() for c in CARD_COLUMNS.split(",")) - {"id"}
+COLUMN_OF = {"group": "group_name"}
+"""Card fields stored under another column name (``group`` is an SQL keyword)."""
+CARD_FIELDS = frozenset(
+    {c.strip() for c in CARD_COLUMNS.split(",")} - set(COLUMN_OF.values()) | set(COLUMN_OF)
+) - {"id"}
+"""The card fields a store may change (as :class:`~dispatcher.kanban.model.Card` names them)."""
 
 
 def card_of(row: sqlite3.Row, parents: Sequence[str]) -> Card:
@@ -60,6 +65,8 @@ def card_of(row: sqlite3.Row, parents: Sequence[str]) -> Card:
         cooldown_until=row["cooldown_until"],
         result=row["result"],
         assignee_noted=bool(row["assignee_noted"]),
+        group=row["group_name"],
+        turn=row["turn"],
     )
 
 

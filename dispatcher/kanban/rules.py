@@ -63,14 +63,19 @@ def created_data(new: NewCard, status: CardStatus) -> dict[str, Any]:
         "priority": new.priority,
         "parents": list(dict.fromkeys(new.parents)),
         "status": status.value,
+        "group": new.group,
     }
 
 
 def edit_change(card: Card, edit: CardEdit) -> Change | None:
-    """An operator's edit: None when nothing is set. WrongStatus on an archived card."""
+    """An operator's edit: None when nothing is set. WrongStatus on an archived card. A new
+    group (``""``: none) is stored as None; the store then gives the card its turn there
+    (:func:`joins_queue`)."""
     if card.status is CardStatus.ARCHIVED:
         raise WrongStatus(card.id, card.status.value, "edit")
     changed = edit.changed()
+    if "group" in changed:
+        changed["group"] = changed["group"] or None
     if not changed:
         return None
     fields = dict(changed)
@@ -79,6 +84,43 @@ def edit_change(card: Card, edit: CardEdit) -> Change | None:
         fields["assignee_noted"] = False
     data = {"fields": sorted(changed), **{k: v for k, v in changed.items() if k != "body"}}
     return Change(fields=fields, kind=EventKind.EDITED, data=data)
+
+
+# -- groups and the claim order ----------------------------------------------------------------
+#
+# Ready cards are claimed by priority (highest first), then by *turn*, then by age. A card's
+# turn is its place in its group's queue, given when it joins the queue (added, promoted from
+# todo, or moved to another group): one after the group's last card, but never before the
+# board's *round*, the highest turn claimed so far. So at one priority the groups take turns
+# (round-robin: the first card of every group, then the second of every group, ...), a group
+# that had nothing queued joins the current round instead of jumping ahead with old turns, and
+# within a group cards keep their priority and order. The order is one index (priority DESC,
+# turn, created_at, id) in every store, so a claim never scans a big group to reach a small one.
+
+
+def turn_for(last: int | None, round_: int) -> int:
+    """The turn of a card joining its group's queue, after the group's ``last`` turn (None:
+    the group has no card yet) and not before the board's round."""
+    return max(round_, (last if last is not None else 0) + 1)
+
+
+def round_after(round_: int, claimed: Card) -> int:
+    """The board's round once ``claimed`` is claimed."""
+    return max(round_, claimed.turn)
+
+
+def claim_order(card: Card) -> tuple[int, int, float, str]:
+    """The claim order as a sort key: priority (highest first), turn, age, id (the SQL
+    stores' ``ORDER BY priority DESC, turn, created_at, id``)."""
+    return (-card.priority, card.turn, card.created_at, card.id)
+
+
+def joins_queue(card: Card, fields: Mapping[str, Any]) -> bool:
+    """Whether a change of ``card`` to ``fields`` puts it at the back of a queue (a new turn):
+    a todo card becoming ready, or a card moving to another group."""
+    promoted = card.status is CardStatus.TODO and fields.get("status") is CardStatus.READY
+    regrouped = "group" in fields and fields["group"] != card.group
+    return promoted or regrouped
 
 
 def claim_refusal(
@@ -154,7 +196,8 @@ def worker_move_change(
             {"done": "complete", "blocked": "block", "review": "review"}[status.value],
             remedy="the worker already reported on this card; nothing was changed",
         )
-    fields: dict[str, Any] = {"status": status}
+    # The report wins over a `defer` the worker made earlier in this run: no pending retry.
+    fields: dict[str, Any] = {"status": status, "retry_at": None}
     data: dict[str, Any] = {"by": "worker"}
     kind = EventKind.REVIEW
     if status is CardStatus.DONE:

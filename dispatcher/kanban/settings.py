@@ -14,6 +14,7 @@ from dispatcher.commonsettings import (
     pty_setting,
     resources_setting,
     shell_setting,
+    uses_setting,
 )
 from dispatcher.launch.retry import RetryPolicy
 from scope.foundation.errors import Invalid
@@ -48,6 +49,7 @@ class Assignee:
         doc="This assignee's retry policy (default: kanban.retry).",
     )
     resources: ScopeProperties = resources_setting()
+    uses: tuple[str, ...] = uses_setting()
 
     def check(self) -> None:
         """String commands need shell."""

@@ -18,18 +18,20 @@ from dispatcher.kanban import notices, rules
 from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.history import READY_KINDS
 from dispatcher.kanban.model import Card, EventKind, Run
-from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, card_of, db_value, run_of
+from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, COLUMN_OF, card_of, db_value, run_of
 from dispatcher.launch.outbox import Outbox
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
 __all__ = [
+    "READY",
     "READY_SINCE_SQL",
     "UNDONE_PARENTS_SQL",
     "WAITING_SQL",
     "SqlBoard",
     "SqlConnection",
     "SqlDatabase",
+    "ready_query",
 ]
 
 # A parent counts as done when it is done, or was done before it was archived.
@@ -46,7 +48,7 @@ READY_SINCE_SQL = (
 """A claim's ``ready_at``: the card's latest event of :data:`~dispatcher.kanban.history.
 READY_KINDS` (read before the claim's own event; bind the card id)."""
 WAITING_SQL = (
-    "SELECT c.id FROM kanban_cards c WHERE c.status = 'todo' AND NOT EXISTS ("
+    "SELECT c.id, c.group_name FROM kanban_cards c WHERE c.status = 'todo' AND NOT EXISTS ("
     " SELECT 1 FROM kanban_parents p JOIN kanban_cards pc ON pc.id = p.parent_id"
     " WHERE p.card_id = c.id AND NOT (pc.status = 'done'"
     " OR (pc.status = 'archived' AND pc.completed_at IS NOT NULL)))"
@@ -114,7 +116,7 @@ class SqlBoard(BoardStore):
         if unknown:
             raise ValueError(f"unknown card fields {sorted(unknown)}")
         values = {**fields, "updated_at": now}
-        assignments = ", ".join(f"{name} = ?" for name in values)
+        assignments = ", ".join(f"{COLUMN_OF.get(name, name)} = ?" for name in values)
         conn.execute(
             f"UPDATE kanban_cards SET {assignments} WHERE id = ?",  # noqa: S608 - names checked
             (*(db_value(v) for v in values.values()), card_id),
@@ -168,6 +170,26 @@ class SqlBoard(BoardStore):
         return None
 
     @staticmethod
+    def _turn(conn: SqlConnection, group: str | None) -> int:
+        """The turn of a card joining ``group``'s queue now (:func:`rules.turn_for`): two
+        lookups on the group index and the meta table."""
+        if group is None:
+            row = conn.execute("SELECT max(turn) FROM kanban_cards WHERE group_name IS NULL")
+        else:
+            row = conn.execute("SELECT max(turn) FROM kanban_cards WHERE group_name = ?", (group,))
+        last = row.fetchone()[0]
+        round_ = conn.execute("SELECT value FROM kanban_meta WHERE key = 'round'").fetchone()
+        return rules.turn_for(None if last is None else int(last), int(round_[0]))
+
+    @staticmethod
+    def _advance_round(conn: SqlConnection, card: Card) -> None:
+        """The board's round after ``card`` was claimed (:func:`rules.round_after`)."""
+        conn.execute(
+            "UPDATE kanban_meta SET value = ? WHERE key = 'round' AND value < ?",
+            (card.turn, card.turn),
+        )
+
+    @staticmethod
     def _open_count(conn: SqlConnection, card: Card | None = None) -> int:
         """Open runs on the board, or of ``card``'s assignee."""
         if card is None:
@@ -215,3 +237,44 @@ class SqlBoard(BoardStore):
                     str(r[0]) for r in conn.execute(prefix_sql, (full, MAX_CANDIDATES)).fetchall()
                 ],
             )
+
+
+READY = "status = 'ready' AND current_run_id IS NULL"
+"""A card a claim may take (the condition of the pick indexes)."""
+
+
+def ready_query(
+    *, after: Card | None = None, limit: int | None = None, now: float | None = None
+) -> tuple[str, list[Any]]:
+    """The SQL and parameters of :meth:`SqlBoardStore.ready_cards` (both backends)."""
+    where, params = "", []
+    if after is not None:
+        # Keyset paging in the claim order (the pick index): (priority DESC, turn,
+        # created_at, id).
+        where = (
+            " AND (priority < ? OR (priority = ? AND (turn > ? OR (turn = ? AND (created_at > ?"
+            " OR (created_at = ? AND id > ?))))))"
+        )
+        params = [
+            after.priority,
+            after.priority,
+            after.turn,
+            after.turn,
+            after.created_at,
+            after.created_at,
+            after.id,
+        ]
+    tail = "" if limit is None else f" LIMIT {int(limit)}"
+    pick = f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE {READY}"  # noqa: S608
+    order = " ORDER BY priority DESC, turn, created_at, id"
+    if now is None:
+        return f"{pick}{where}{order}{tail}", params
+    # Two partial indexes: the cards that never backed off in pick order, and those whose
+    # back-off ran out by retry_at. Cards still backing off are in neither range, so however
+    # many there are, a page reads only what it returns.
+    sql = (
+        f"SELECT * FROM ({pick} AND retry_at IS NULL{where}{order}{tail}) AS fresh"  # noqa: S608
+        f" UNION ALL SELECT * FROM ({pick} AND retry_at IS NOT NULL AND retry_at <= ?"
+        f"{where}{order}{tail}) AS due{order}{tail}"
+    )
+    return sql, [*params, now, *params]

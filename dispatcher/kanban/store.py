@@ -13,6 +13,7 @@ id-prefix match). See :mod:`dispatcher.kanban.abc` for the contract.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,10 +40,12 @@ from dispatcher.kanban.rows import (
     run_of,
 )
 from dispatcher.kanban.sql import (
+    READY,
     READY_SINCE_SQL,
     WAITING_SQL,
     SqlConnection,
     SqlDatabase,
+    ready_query,
 )
 from dispatcher.kanban.sqlhistory import SqlHistory
 from registry.store.database import StateDB
@@ -50,40 +53,10 @@ from scope.foundation.errors import NotFoundError
 
 if TYPE_CHECKING:
     from dispatcher.launch.claimant import Claimant
+    from dispatcher.launch.limits import Tally, Wants
     from dispatcher.launch.outcome import Outcome, Result
 
 __all__ = ["SqlBoardStore", "SqlConnection", "SqlDatabase", "SqliteBoardStore", "ready_query"]
-
-READY = "status = 'ready' AND current_run_id IS NULL"
-"""A card a claim may take (the condition of the pick indexes)."""
-
-
-def ready_query(
-    *, after: Card | None = None, limit: int | None = None, now: float | None = None
-) -> tuple[str, list[Any]]:
-    """The SQL and parameters of :meth:`SqlBoardStore.ready_cards` (both backends)."""
-    where, params = "", []
-    if after is not None:
-        # Keyset paging in the order of the pick index: (priority DESC, created_at, id).
-        where = (
-            " AND (priority < ? OR (priority = ? AND (created_at > ?"
-            " OR (created_at = ? AND id > ?))))"
-        )
-        params = [after.priority, after.priority, after.created_at, after.created_at, after.id]
-    tail = "" if limit is None else f" LIMIT {int(limit)}"
-    pick = f"SELECT {CARD_COLUMNS} FROM kanban_cards WHERE {READY}"  # noqa: S608
-    order = " ORDER BY priority DESC, created_at, id"
-    if now is None:
-        return f"{pick}{where}{order}{tail}", params
-    # Two partial indexes: the cards that never backed off in pick order, and those whose
-    # back-off ran out by retry_at. Cards still backing off are in neither range, so however
-    # many there are, a page reads only what it returns.
-    sql = (
-        f"SELECT * FROM ({pick} AND retry_at IS NULL{where}{order}{tail}) AS fresh"  # noqa: S608
-        f" UNION ALL SELECT * FROM ({pick} AND retry_at IS NOT NULL AND retry_at <= ?"
-        f"{where}{order}{tail}) AS due{order}{tail}"
-    )
-    return sql, [*params, now, *params]
 
 
 class SqlBoardStore(SqlHistory):
@@ -111,8 +84,8 @@ class SqlBoardStore(SqlHistory):
                     break
             conn.execute(
                 "INSERT INTO kanban_cards (id, title, body, assignee, status, priority,"
-                " created_at, updated_at, idempotency_key, failure_limit)"
-                " VALUES (?, ?, ?, ?, 'todo', ?, ?, ?, ?, ?)",
+                " created_at, updated_at, idempotency_key, failure_limit, group_name, turn)"
+                " VALUES (?, ?, ?, ?, 'todo', ?, ?, ?, ?, ?, ?, ?)",
                 (
                     card_id,
                     new.title,
@@ -123,6 +96,8 @@ class SqlBoardStore(SqlHistory):
                     now,
                     new.idempotency_key,
                     new.failure_limit,
+                    new.group,
+                    self._turn(conn, new.group),
                 ),
             )
             for parent in dict.fromkeys(new.parents):
@@ -191,6 +166,9 @@ class SqlBoardStore(SqlHistory):
             change = rules.edit_change(card, edit)
             if change is None:
                 return card
+            if rules.joins_queue(card, change.fields):
+                turn = self._turn(conn, change.fields["group"])
+                change = dataclasses.replace(change, fields={**change.fields, "turn": turn})
             return self._apply(conn, card_id, change, now)
 
     # -- runs and events ---------------------------------------------------------------------
@@ -273,7 +251,8 @@ class SqlBoardStore(SqlHistory):
         done: list[tuple[str, EventKind]] = []
         with self.db.write() as conn:
             for row in conn.execute(waiting_sql).fetchall():
-                self._update(conn, row[0], {"status": CardStatus.READY}, now)
+                fields = {"status": CardStatus.READY, "turn": self._turn(conn, row[1])}
+                self._update(conn, row[0], fields, now)
                 self._event(conn, row[0], EventKind.PROMOTED, {"reason": "parents done"}, now)
                 done.append((row[0], EventKind.PROMOTED))
             for row in conn.execute(expired_sql, (now,)).fetchall():
@@ -329,13 +308,21 @@ class SqlBoardStore(SqlHistory):
                 )
             if refusal is not None:
                 return Claim(verdict=refusal)
+            run_id = RUN_IDS.new()
+            from dispatcher.launch import holds  # not on the path of the short write commands
+
+            taking = holds.Taking(
+                wants=limits.wants, holder=holds.Holder("run", run_id), group=card.group
+            )
+            wait = holds.try_take(conn, taking, now)
+            if wait is not None:
+                return Claim(verdict=ClaimVerdict.LIMIT, wait=wait)
             attempt = (
                 conn.execute(
                     "SELECT COUNT(*) FROM kanban_runs WHERE card_id = ?", (card_id,)
                 ).fetchone()[0]
                 + 1
             )
-            run_id = RUN_IDS.new()
             conn.execute(
                 "INSERT INTO kanban_runs (run_id, card_id, attempt, claimed_at, claimer_pid,"  # noqa: S608
                 f" claimer_start, claimer_boot, ready_at) VALUES (?, ?, ?, ?, ?, ?, ?,"
@@ -343,6 +330,7 @@ class SqlBoardStore(SqlHistory):
                 (run_id, card_id, attempt, now, claimer.pid, claimer.start, claimer.boot, card_id),
             )
             self._stamp(conn, run_id)
+            self._advance_round(conn, card)
             cursor = conn.execute(
                 "UPDATE kanban_cards SET status = 'running', current_run_id = ?, started_at = ?,"
                 " updated_at = ?, cooldown_until = NULL, retry_at = NULL"
@@ -362,6 +350,20 @@ class SqlBoardStore(SqlHistory):
             )
             self._bump(conn)
             return Claim(verdict=ClaimVerdict.CLAIMED, run=self._load_run(conn, run_id))
+
+    def limit_tallies(
+        self, wants: Wants, *, now: float, host: str | None = None
+    ) -> tuple[float, dict[str, Tally]]:
+        from dispatcher.launch import holds
+
+        with self.db.read() as conn:
+            return now, holds.tallies(conn, wants, now, host=host, every_group=True)
+
+    def prune_holds(self, before: float) -> int:
+        from dispatcher.launch import holds
+
+        with self.db.write() as conn:
+            return holds.prune(conn, before)
 
     def record_spawn(
         self,
@@ -430,6 +432,9 @@ class SqlBoardStore(SqlHistory):
                 run_id,
             ),
         )
+        from dispatcher.launch import holds
+
+        holds.release(conn, holds.Holder("run", run_id), now)
         fields = dict(change.fields)
         if card.current_run_id == run_id:
             fields["current_run_id"] = None
@@ -488,7 +493,10 @@ class SqlBoardStore(SqlHistory):
             rules.refuse_with_open_run(card, "move")
             if card.status is status:
                 return card
-            self._update(conn, card_id, move_fields(card, status, now), now)
+            fields = move_fields(card, status, now)
+            if rules.joins_queue(card, fields):
+                fields["turn"] = self._turn(conn, card.group)
+            self._update(conn, card_id, fields, now)
             self._event(
                 conn,
                 card_id,

@@ -102,6 +102,19 @@ CREATE INDEX kanban_runs_closed ON kanban_runs
 holding every column the charts read, so a month of runs is read from the index alone. Only
 closed runs are in it: claiming and starting a run never touch it."""
 
+GROUPS = """
+ALTER TABLE kanban_cards ADD COLUMN group_name TEXT;
+ALTER TABLE kanban_cards ADD COLUMN turn INTEGER NOT NULL DEFAULT 0;
+DROP INDEX kanban_cards_ready;
+CREATE INDEX kanban_cards_ready ON kanban_cards (priority DESC, turn, created_at, id)
+    WHERE status = 'ready' AND current_run_id IS NULL AND retry_at IS NULL;
+CREATE INDEX kanban_cards_group ON kanban_cards (group_name, turn);
+INSERT INTO kanban_meta (key, value) VALUES ('round', 0);
+"""
+"""Card groups (v6): the group, the card's turn in its group's queue, the claim order's index
+(the ready cards that never backed off by priority, turn, age) and the board's round (the
+highest turn claimed so far)."""
+
 COMPONENT = Component(
     name="kanban",
     migrations=[
@@ -118,6 +131,7 @@ COMPONENT = Component(
         ),
         Migration(version=4, apply=READY_INDEXES, note="ready cards with and without a back-off"),
         Migration(version=5, apply=HISTORY_V5, note="runs' ready time; closed runs by end time"),
+        Migration(version=6, apply=GROUPS, note="card groups and their turns"),
     ],
 )
 """The kanban board's tables; listed in :func:`dispatcher.app.database.components`."""

@@ -26,7 +26,17 @@ from dispatcher.kanban.report import Closed, Dispatched, TickReport
 from dispatcher.kanban.running import Launches, RunLauncher
 from dispatcher.kanban.settings import KanbanSettings
 from dispatcher.kanban.worker import WorkerContext
+from dispatcher.launch import holds
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.limits import (
+    LimitSpec,
+    LimitWait,
+    Tally,
+    WaitKind,
+    Wants,
+    refusal,
+    wants_of,
+)
 from dispatcher.launch.setup import Workplace
 from registry.abc import OwnerKind, Registry, Session
 from registry.store.database import space_problem
@@ -66,6 +76,16 @@ class _Pass:
     open_total: int = 0
     """Dry run: open runs plus the claims planned so far."""
     open_by_assignee: dict[str, int] = field(default_factory=dict)
+    limited: list[tuple[str, str]] = field(default_factory=list)
+    """(card id, what it waits for): cards a full named limit held back."""
+    full_limits: dict[str, str] = field(default_factory=dict)
+    """Limits found full this tick, with the wait (cards using them are not asked again)."""
+    full_groups: dict[tuple[str, str | None], str] = field(default_factory=dict)
+    """(limit, group) pairs whose ``per_group`` cap was found full this tick."""
+    clock: float = 0.0
+    """Dry run: the time the limits were read at (the store's clock)."""
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    """Dry run: what the limits held, plus the claims planned so far."""
 
 
 class KanbanDispatcher:
@@ -91,10 +111,14 @@ class KanbanDispatcher:
         scoper: Scoper | None = None,
         adopt: bool = True,
         fault: FaultPoint | None = None,
+        limits: Mapping[str, LimitSpec] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self.settings = settings
+        self.limits = dict(limits or {})
+        """The named limits (``limits:``) the assignees' ``uses`` name."""
+        self._pruned_at: float | None = None
         self.scoper = scoper
         self.adopt = adopt
         self.worker = WorkerContext(
@@ -124,6 +148,7 @@ class KanbanDispatcher:
         if not dry_run:
             work.reconciled = self.reconcile(now)
             promoted = [card_id for card_id, _ in self.store.promote(now=now)]
+            self._prune_holds(now)
         paused = self.store.paused()
         full = None if dry_run else space_problem(self.worker.state_dir)
         if full is not None:  # a claim would fail half-way (or count against the card)
@@ -146,6 +171,7 @@ class KanbanDispatcher:
             guarded=tuple(work.guarded),
             backing_off=tuple(work.backing_off),
             deferred=tuple(work.deferred),
+            limited=tuple(work.limited),
             unknown_assignee=tuple(work.unknown),
             warnings=tuple(work.warnings),
             board_version=self.store.board_version(),
@@ -170,12 +196,17 @@ class KanbanDispatcher:
     ) -> None:
         if dry_run:
             work.open_total, work.open_by_assignee = self._open_counts()
+            every = wants_of(self.limits, self.limits)
+            work.clock, work.tallies = self.store.limit_tallies(every, now=work.now)
         for card in self._ready(work, max_claims):
             assignee = self.settings.assignees.get(card.assignee)
             if assignee is None:
                 work.unknown.append(card.id)
                 if not card.assignee_noted and not dry_run:
                     self._note_unknown_assignee(card, work.now)
+                continue
+            wants = wants_of(assignee.uses, self.limits)
+            if self._known_full(card, wants, work):
                 continue
             if card.retry_at is not None and card.retry_at > work.now:
                 continue  # not returned by the walk's query; kept as the rule's guard
@@ -192,8 +223,8 @@ class KanbanDispatcher:
             ):
                 work.deferred.append(card.id)
             elif dry_run:
-                self._plan(card, assignee.max_in_progress, work)
-            elif not self._claim(card, assignee.max_in_progress, cooling, work, launches):
+                self._plan(card, assignee.max_in_progress, wants, work)
+            elif not self._claim(card, assignee.max_in_progress, wants, cooling, work, launches):
                 return
 
     def _ready(self, work: _Pass, max_claims: int | None) -> Iterator[Card]:
@@ -205,22 +236,66 @@ class KanbanDispatcher:
             page = self.store.ready_cards(after=after, limit=WALK_PAGE, now=work.now)
             yield from page
             done = work.budget_full or (max_claims is not None and work.claims >= max_claims)
-            if len(page) < WALK_PAGE or done:
+            if len(page) < WALK_PAGE or done or self._all_held(work):
                 return
             after = page[-1]
 
-    def _plan(self, card: Card, assignee_max: int | None, work: _Pass) -> None:
+    def _all_held(self, work: _Pass) -> bool:
+        """Whether no card could be claimed this tick whatever comes next: every configured
+        assignee's budget, or one of the limits it uses, is full (then the rest of a big
+        board is not read)."""
+        assignees = self.settings.assignees
+        return bool(assignees) and all(
+            name in work.full_assignees or any(u in work.full_limits for u in spec.uses)
+            for name, spec in assignees.items()
+        )
+
+    def _known_full(self, card: Card, wants: Wants, work: _Pass) -> bool:
+        """Whether a limit ``card`` needs was already found full this tick (noted as such)."""
+        for name, _ in wants:
+            wait = work.full_limits.get(name) or work.full_groups.get((name, card.group))
+            if wait is not None:
+                work.limited.append((card.id, wait))
+                return True
+        return False
+
+    def _held_back(self, card: Card, wait: LimitWait, work: _Pass) -> None:
+        """``card`` waits for a full limit: remember which, so later cards are not asked."""
+        text = wait.describe(work.clock or work.now)
+        if wait.kind is WaitKind.GROUP:
+            work.full_groups[(wait.limit, wait.group)] = text
+        else:
+            work.full_limits[wait.limit] = text
+        work.limited.append((card.id, text))
+
+    def _prune_holds(self, now: float) -> None:
+        """Forget released limit holds no rate window reaches any more (at most hourly)."""
+        if self._pruned_at is not None and now - self._pruned_at < 3600:
+            return
+        self._pruned_at = now
+        windows = [spec.rate.window for spec in self.limits.values() if spec.rate is not None]
+        self.store.prune_holds(now - holds.horizon(windows))
+
+    def _plan(self, card: Card, assignee_max: int | None, wants: Wants, work: _Pass) -> None:
         """Dry run: would ``card`` be claimed, counting the claims planned so far?"""
         mine = work.open_by_assignee.get(card.assignee, 0)
+        wait = refusal(wants, work.tallies, group=card.group)
         if work.open_total >= self.settings.max_in_progress:
             work.budget_full = True
         elif assignee_max is not None and mine >= assignee_max:
             work.full_assignees.add(card.assignee)
+        elif wait is not None:
+            self._held_back(card, wait, work)
+            return
         else:
             work.planned.append(card.id)
             work.open_total += 1
             work.open_by_assignee[card.assignee] = mine + 1
             work.claims += 1
+            for name, spec in wants:
+                work.tallies[name] = planned_hold(
+                    work.tallies.get(name), spec, card.group, work.clock
+                )
             return
         work.deferred.append(card.id)
 
@@ -228,6 +303,7 @@ class KanbanDispatcher:
         self,
         card: Card,
         assignee_max: int | None,
+        wants: Wants,
         ignore_cooldown: bool,
         work: _Pass,
         launches: Launches,
@@ -245,7 +321,11 @@ class KanbanDispatcher:
             card.id,
             now=work.now,
             claimer=self._claimant,
-            limits=Limits(max_in_progress=self.settings.max_in_progress, assignee_max=assignee_max),
+            limits=Limits(
+                max_in_progress=self.settings.max_in_progress,
+                assignee_max=assignee_max,
+                wants=wants,
+            ),
             ignore_cooldown=ignore_cooldown,
         )
         if claim.verdict is ClaimVerdict.CLAIMED and claim.run is not None:
@@ -257,6 +337,8 @@ class KanbanDispatcher:
         elif claim.verdict is ClaimVerdict.ASSIGNEE_BUDGET:
             work.full_assignees.add(card.assignee)
             work.deferred.append(card.id)
+        elif claim.verdict is ClaimVerdict.LIMIT and claim.wait is not None:
+            self._held_back(card, claim.wait, work)
         return claim.verdict is not ClaimVerdict.PAUSED
 
     def _open_counts(self) -> tuple[int, dict[str, int]]:
@@ -351,3 +433,16 @@ class KanbanDispatcher:
         if not run.open:
             return None
         return self.runs.close_from_session(run, session, now)
+
+
+def planned_hold(tally: Tally | None, spec: LimitSpec, group: str | None, now: float) -> Tally:
+    """``tally`` with one more open hold and start for ``group``: a dry run's planned claim
+    (a rate it fills counts as full from ``now``, so a dry run never promises more starts
+    than a tick would make)."""
+    base = tally or Tally()
+    groups = dict(base.groups)
+    groups[group] = groups.get(group, 0) + 1
+    nth = base.nth_start
+    if nth is None and spec.rate is not None and base.starts + 1 >= spec.rate.starts:
+        nth = now
+    return Tally(in_use=base.in_use + 1, groups=groups, starts=base.starts + 1, nth_start=nth)

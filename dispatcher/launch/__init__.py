@@ -12,4 +12,9 @@
 cron (:mod:`dispatcher.cron.firing`) and kanban (:mod:`dispatcher.kanban.running`) are
 policies over it: each supplies its own store's record and settle steps (``Books``); neither
 imports the other, and this package imports neither.
+
+The workload control both share lives here too, as pure decisions and the little storage
+they need: the retry policy, named limits (the one check, and the holds that every store keeps
+in its claim's transaction, in the ``limits`` component's table), admission under pressure,
+resource classes, and the notification outbox's write side.
 """

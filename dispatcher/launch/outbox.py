@@ -58,7 +58,7 @@ class Subject:
     assignee: str | None = None
     job: str | None = None
     group: str | None = None
-    """The card's group (cards have none yet: a rule naming groups matches no card)."""
+    """The card's group (None: a card without one, or not a card)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -133,8 +133,7 @@ class Rule:
     groups: tuple[str, ...] = setting(
         (),
         kind=ListOf(Str()),
-        doc="Only cards of these groups (default: any; cards have no group yet, so a rule "
-        "naming groups matches no card).",
+        doc="Only cards of these groups (kanban add --group; default: any).",
     )
 
     def check(self) -> None:

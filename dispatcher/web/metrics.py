@@ -52,6 +52,11 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
                                                       without PSI)
 ``dispatch_admission_cpu_pressure_percent``  gauge    PSI cpu ``some avg10``
 ``dispatch_admission_memory_available_bytes`` gauge   ``MemAvailable``
+``dispatch_limit_in_use{limit}``            gauge     runs and cron fires holding a named limit
+``dispatch_limit_capacity{limit}``          gauge     its concurrency cap (limits that have one)
+``dispatch_limit_waiting{limit}``           gauge     ready cards and cron fires it holds back
+``dispatch_limit_window_starts{limit}``     gauge     starts its rate window counts now
+``dispatch_limit_window_capacity{limit}``   gauge     starts the rate window allows
 ``dispatch_state_readable``                 gauge     0 when the state could not be read
 =========================================== ========= =========================================
 
@@ -195,7 +200,7 @@ class DispatchCollector(Collector):
         """Read everything now; a part that cannot be read is left out and
         ``dispatch_state_readable`` says so."""
         readable = 1.0
-        for part in (self._board, self._cron, self._host, self._admission):
+        for part in (self._board, self._cron, self._host, self._admission, self._limits):
             try:
                 yield from list(part())
             except (DispatchError, OSError, ValueError) as err:
@@ -328,6 +333,42 @@ class DispatchCollector(Collector):
         ):
             if readings[key] is not None:
                 yield GaugeMetricFamily(f"dispatch_admission_{name}", text, readings[key])
+
+    def _limits(self) -> Iterator[Metric]:
+        """The named limits, from ``dispatch limits``'s own document."""
+        doc = self.source.limits()
+        families = {
+            "in_use": GaugeMetricFamily(
+                "dispatch_limit_in_use", "Runs and cron fires holding the limit", labels=["limit"]
+            ),
+            "capacity": GaugeMetricFamily(
+                "dispatch_limit_capacity", "The limit's concurrency cap", labels=["limit"]
+            ),
+            "waiting": GaugeMetricFamily(
+                "dispatch_limit_waiting",
+                "Ready cards and cron fires the limit holds back",
+                labels=["limit"],
+            ),
+            "window_starts": GaugeMetricFamily(
+                "dispatch_limit_window_starts",
+                "Starts the limit's rate window counts now",
+                labels=["limit"],
+            ),
+            "window_capacity": GaugeMetricFamily(
+                "dispatch_limit_window_capacity",
+                "Starts the limit's rate window allows",
+                labels=["limit"],
+            ),
+        }
+        for entry in doc:
+            label = [entry["name"]]
+            families["in_use"].add_metric(label, entry["in_use"])
+            waiting = entry["waiting_cards"] + len(entry["waiting_fires"])
+            families["waiting"].add_metric(label, waiting)
+            for key in ("capacity", "window_starts", "window_capacity"):
+                if entry[key] is not None:
+                    families[key].add_metric(label, entry[key])
+        yield from families.values()
 
     def _cluster(self) -> Iterator[Metric]:
         live = GaugeMetricFamily(

@@ -28,6 +28,7 @@ from dispatcher.app.workspace import Workspace
 from dispatcher.cron.ledger import Ledger
 from dispatcher.gateway.lock import read_holder
 from dispatcher.kanban.abc import BoardStore
+from dispatcher.kanban.model import Card
 from dispatcher.settings import Settings
 from registry.abc import Registry
 from scope.abc import CallerKind
@@ -68,6 +69,23 @@ class Source:
     def store(self) -> BoardStore:
         """The board store the workspace opened."""
         return self.reader.store
+
+    def limit_waits(self, cards: Iterable[Card]) -> dict[str, str]:
+        """The full named limit each of ``cards`` waits for (``kanban list``'s note)."""
+        from dispatcher.app.limitview import card_waits
+
+        stamp = self.reader.cluster.stamp
+        host = None if stamp is None else stamp.host_id
+        found = card_waits(self.settings, self.store, cards, now=time.time(), host=host)
+        return found.texts()
+
+    def limits(self) -> list[dict[str, Any]]:
+        """``dispatch limits --json``'s document."""
+        from dispatcher.app.limitview import limits_doc
+
+        stamp = self.reader.cluster.stamp
+        host = None if stamp is None else stamp.host_id
+        return limits_doc(self.settings, self.store, self.ledger(), now=time.time(), host=host)
 
     def runtime(self) -> Runtime:
         """The shared runtime (database, lazily opened scoper, registry without a follower)."""

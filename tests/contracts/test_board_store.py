@@ -8,6 +8,7 @@ beside that backend (tests/test_kanban_store.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from dispatcher.kanban.model import (
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.kanban.taxonomy import Breaker, after_run
 from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.limits import LimitSpec, PerGroup, Rate, WaitKind
 from dispatcher.launch.outcome import Outcome, Result
 from dispatcher.launch.retry import Action, Backoff, Jitter, RetryPolicy, Rule
 from scope.foundation.errors import NotFoundError
@@ -460,3 +462,168 @@ def test_a_retry_policy_decision_is_stored_and_honoured_by_the_claim(store: Boar
     card = store.get_card(card_id)
     assert card.status is CardStatus.BLOCKED and card.retry_at is None
     assert store.events_of(card_id)[-1].kind == EventKind.GAVE_UP
+
+
+def test_a_workers_report_clears_the_time_its_defer_set(store: BoardStore) -> None:
+    card_id = add(store)
+    run = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).run
+    assert run is not None
+    deferral = {"by": "worker", "until": NOW + 300, "reason": None}
+    store.append_event(
+        card_id,
+        EventKind.DEFERRED,
+        deferral,
+        now=NOW,
+        run_id=run.run_id,
+        fields={"retry_at": NOW + 300},
+    )
+    card = store.worker_move(card_id, run.run_id, CardStatus.DONE, now=NOW + 1)
+    assert (card.status, card.retry_at) == (CardStatus.DONE, None)
+
+
+# -- groups and the claim order ---------------------------------------------------------------
+
+
+def test_a_group_is_stored_edited_and_cleared(store: BoardStore) -> None:
+    card_id = add(store, group="customer-42")
+    card = store.get_card(card_id)
+    assert card.group == "customer-42"
+    assert store.list_cards()[0].group == "customer-42"
+    assert store.events_of(card_id)[0].data["group"] == "customer-42"
+    assert store.edit_card(card_id, CardEdit(group="customer-7"), now=NOW).group == "customer-7"
+    assert store.events_of(card_id)[-1].data["group"] == "customer-7"
+    assert store.edit_card(card_id, CardEdit(group=""), now=NOW).group is None
+    assert add(store) != card_id and store.get_card(card_id).group is None
+
+
+def added(store: BoardStore, title: str, at: float, **kw: object) -> str:
+    new = NewCard(title=title, assignee="a", **kw)  # type: ignore[arg-type]
+    return store.add_card(new, now=at)[0].id
+
+
+def test_groups_take_turns_at_one_priority(store: BoardStore) -> None:
+    big = [added(store, f"big{i}", NOW + i, group="big") for i in range(4)]
+    small = [added(store, f"small{i}", NOW + 10 + i, group="small") for i in range(2)]
+    loose = added(store, "loose", NOW + 20)
+    urgent = added(store, "urgent", NOW + 30, group="big", priority=5)
+    order = [c.id for c in store.ready_cards()]
+    # Priority first; then the first card of every group, then the second of each, ...
+    assert order[0] == urgent
+    assert order[1:] == [big[0], small[0], loose, big[1], small[1], big[2], big[3]]
+    assert [c.id for c in store.ready_cards(after=store.get_card(small[0]), limit=2)] == [
+        loose,
+        big[1],
+    ]
+
+
+def test_a_group_that_joins_later_waits_one_round_not_the_whole_queue(store: BoardStore) -> None:
+    big = [added(store, f"big{i}", NOW + i, group="big") for i in range(6)]
+    for card_id in big[:3]:
+        assert store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).verdict.value == "claimed"
+    late = added(store, "late", NOW + 10, group="late")
+    later = added(store, "later", NOW + 11, group="late")
+    order = [c.id for c in store.ready_cards()]
+    assert order.index(late) <= 1 and order.index(later) <= 3
+    assert order.index(late) < order.index(big[4])
+
+
+def test_a_promoted_child_joins_the_back_of_its_groups_queue(store: BoardStore) -> None:
+    parent = add(store, "parent")
+    child = added(store, "child", NOW, parents=(parent,), group="g")
+    first = [added(store, f"g{i}", NOW + 1 + i, group="g") for i in range(2)]
+    store.move(parent, CardStatus.DONE, now=NOW)
+    store.promote(now=NOW)
+    order = [c.id for c in store.ready_cards() if c.group == "g"]
+    assert order == [*first, child]
+
+
+# -- named limits -----------------------------------------------------------------------------
+
+
+def at(store: BoardStore, when: float) -> float:
+    """``when``, as the store's limit clock will read it: the caller's ``now``, or (for
+    PostgreSQL, whose limits count on the database's clock) that clock moved there."""
+    if isinstance(store, PgBoardStore):
+        store.shift = lambda: when - time.time()
+    return when
+
+
+def using(**specs: LimitSpec) -> Limits:
+    return Limits(max_in_progress=100, wants=tuple(specs.items()))
+
+
+def finish(store: BoardStore, run_id: str, now: float) -> None:
+    done = CardChange(fields={"status": CardStatus.DONE})
+    store.close_run(run_id, Result(outcome=Outcome.COMPLETED), lambda c, r: done, now=now)
+
+
+def test_a_concurrency_limit_holds_until_a_run_ends(store: BoardStore) -> None:
+    two = using(api=LimitSpec(concurrency=2))
+    cards = [add(store, f"c{i}") for i in range(3)]
+    now = at(store, NOW)
+    runs = [store.claim(c, now=now, claimer=ME, limits=two).run for c in cards[:2]]
+    refused = store.claim(cards[2], now=now, claimer=ME, limits=two)
+    assert refused.verdict is ClaimVerdict.LIMIT and refused.run is None
+    assert refused.wait is not None and refused.wait.describe(now) == "limit api (2 of 2 running)"
+    assert store.get_card(cards[2]).status is CardStatus.READY  # nothing was written
+    seen, tallies = store.limit_tallies(two.wants, now=now)
+    assert tallies["api"].in_use == 2 and abs(seen - now) < 60
+    assert runs[0] is not None
+    finish(store, runs[0].run_id, now)
+    assert store.claim(cards[2], now=now, claimer=ME, limits=two).verdict is ClaimVerdict.CLAIMED
+    # A claim without the limit never counts against it, nor is held by it.
+    assert store.claim(add(store), now=now, claimer=ME, limits=WIDE).verdict.value == "claimed"
+
+
+def test_limits_are_taken_all_or_none(store: BoardStore) -> None:
+    free, full = LimitSpec(concurrency=5), LimitSpec(concurrency=1)
+    now = at(store, NOW)
+    assert store.claim(add(store), now=now, claimer=ME, limits=using(full=full)).run is not None
+    both = using(free=free, full=full)
+    refused = store.claim(add(store), now=now, claimer=ME, limits=both)
+    assert refused.verdict is ClaimVerdict.LIMIT and refused.wait is not None
+    assert refused.wait.limit == "full"
+    _, tallies = store.limit_tallies(both.wants, now=now)
+    assert tallies["free"].in_use == 0  # the free one was not half-taken
+
+
+def test_per_group_caps_each_group_and_the_cards_without_one(store: BoardStore) -> None:
+    tenants = using(tenants=LimitSpec(per_group=PerGroup(concurrency=1)))
+    now = at(store, NOW)
+    a1, a2 = add(store, group="a"), add(store, group="a")
+    b1, loose1, loose2 = add(store, group="b"), add(store), add(store)
+    for card_id in (a1, b1, loose1):
+        assert store.claim(card_id, now=now, claimer=ME, limits=tenants).run is not None
+    for card_id, group in ((a2, "a"), (loose2, None)):
+        refused = store.claim(card_id, now=now, claimer=ME, limits=tenants)
+        assert refused.wait is not None and refused.wait.kind is WaitKind.GROUP
+        assert refused.wait.group == group
+
+
+def test_a_rate_counts_starts_in_a_sliding_window(store: BoardStore) -> None:
+    deploys = using(deploys=LimitSpec(rate=Rate(starts=2, window=300)))
+    cards = [add(store, f"c{i}") for i in range(4)]
+    first = store.claim(cards[0], now=at(store, NOW), claimer=ME, limits=deploys).run
+    assert first is not None
+    finish(store, first.run_id, NOW + 1)  # an ended run still counts as a start
+    assert store.claim(cards[1], now=at(store, NOW + 100), claimer=ME, limits=deploys).run
+    refused = store.claim(cards[2], now=at(store, NOW + 200), claimer=ME, limits=deploys)
+    assert refused.verdict is ClaimVerdict.LIMIT and refused.wait is not None
+    assert refused.wait.next_start is not None
+    assert abs(refused.wait.next_start - (NOW + 300)) < 5
+    assert refused.wait.describe(NOW + 200).startswith("limit deploys (next start in 1m")
+    later = store.claim(cards[2], now=at(store, NOW + 301), claimer=ME, limits=deploys)
+    assert later.verdict is ClaimVerdict.CLAIMED
+    assert store.claim(cards[3], now=at(store, NOW + 302), claimer=ME, limits=deploys).wait
+
+
+def test_released_holds_are_pruned_but_open_ones_stay(store: BoardStore) -> None:
+    api = using(api=LimitSpec(concurrency=5, rate=Rate(starts=5, window=60)))
+    now = at(store, NOW)
+    ended = store.claim(add(store), now=now, claimer=ME, limits=api).run
+    assert ended is not None and store.claim(add(store), now=now, claimer=ME, limits=api).run
+    finish(store, ended.run_id, now)
+    assert store.prune_holds(NOW - 1) == 0
+    assert store.prune_holds(NOW + 3600) == 1
+    _, tallies = store.limit_tallies(api.wants, now=at(store, NOW + 3600))
+    assert tallies["api"].in_use == 1

@@ -18,14 +18,21 @@ from typing import Any
 import pytest
 
 from dispatcher.app.database import open_state
+from dispatcher.cluster.board import PgBoardStore
 from dispatcher.cluster.database import ClusterDB
 from dispatcher.cluster.ledger import PgLedger
-from dispatcher.cron.abc import LedgerStore
+from dispatcher.cron.abc import LedgerStore, Take
 from dispatcher.cron.changes import FireChange
 from dispatcher.cron.ledger import Ledger
 from dispatcher.cron.memory import MemoryLedger
 from dispatcher.cron.records import Kind, RetryKind, Status, Try
-from dispatcher.launch.outcome import Outcome
+from dispatcher.kanban.memory import MemoryBoardStore
+from dispatcher.kanban.model import CardChange, CardStatus, Limits, NewCard
+from dispatcher.kanban.store import SqliteBoardStore
+from dispatcher.launch.claimant import Claimant
+from dispatcher.launch.holds import MemoryHolds
+from dispatcher.launch.limits import LimitSpec
+from dispatcher.launch.outcome import Outcome, Result
 
 NOW = 1_800_000_000.0
 BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -282,3 +289,97 @@ def test_a_pause_by_dispatch_commits_with_its_fire_and_resume_clears_it(
     assert (resumed.paused, resumed.paused_reason, resumed.watermark) == (False, None, NOW + 60)
     assert ledger.set_paused("j", True, NOW + 61)
     assert ledger.job_states()["j"].paused_reason is None  # the operator's pause has no reason
+
+
+# -- named limits -----------------------------------------------------------------------------
+
+ONE = (("api", LimitSpec(concurrency=1)),)
+
+
+def _taking() -> FireChange:
+    return FireChange(status=Status.SPAWNING, actual=NOW, claimant="me")
+
+
+def _ids(ledger: LedgerStore, *minutes: int) -> list[int]:
+    with ledger.transaction() as tx:
+        found = [tx.insert(**row(minute=m)) for m in minutes]
+    assert all(i is not None for i in found)
+    return [i for i in found if i is not None]
+
+
+def test_a_fire_takes_its_limits_as_it_starts_and_frees_them_as_it_settles(
+    ledger: LedgerStore,
+) -> None:
+    first, second = _ids(ledger, 0, 1)
+    assert ledger.take(first, _taking(), ONE, now=NOW).taken
+    held = ledger.take(second, _taking(), ONE, now=NOW)
+    assert not held.taken and held.wait is not None
+    assert held.wait.describe(NOW) == "limit api (1 of 1 running)"
+    assert ledger.get(second).status is Status.CLAIMED  # nothing changed
+    _, tallies = ledger.limit_tallies(ONE, now=NOW)
+    assert tallies["api"].in_use == 1
+    done = FireChange(status=Status.DONE, outcome=Outcome.COMPLETED, ended_at=NOW + 1)
+    assert ledger.update(first, (Status.SPAWNING,), done)
+    assert ledger.take(second, _taking(), ONE, now=NOW + 1).taken
+    assert ledger.get(second).status is Status.SPAWNING
+
+
+def test_a_fire_no_longer_claimed_takes_no_limit(ledger: LedgerStore) -> None:
+    (gone,) = _ids(ledger, 0)
+    replaced = FireChange(status=Status.DONE, outcome=Outcome.REPLACED, ended_at=NOW)
+    assert ledger.update(gone, (Status.CLAIMED,), replaced)
+    assert ledger.take(gone, _taking(), ONE, now=NOW) == Take(taken=False)
+    _, tallies = ledger.limit_tallies(ONE, now=NOW)
+    assert tallies["api"].in_use == 0
+
+
+@pytest.fixture(params=BACKENDS)
+def books(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[LedgerStore, Any]]:
+    """A ledger and a board on one store of record (in memory: one shared set of holds)."""
+    if request.param == "memory":
+        holds = MemoryHolds()
+        yield MemoryLedger(holds), MemoryBoardStore(holds)
+    elif request.param == "sqlite":
+        with open_state(tmp_path / "state") as state:
+            yield Ledger(state), SqliteBoardStore(state)
+    else:
+        with ClusterDB(request.getfixturevalue("pg_url")) as cluster:
+            cluster.migrate()
+            yield PgLedger(cluster), PgBoardStore(cluster)
+
+
+def test_a_cron_fire_and_a_kanban_run_share_one_limit(books: tuple[LedgerStore, Any]) -> None:
+    ledger, board = books
+    card, _ = board.add_card(NewCard(title="t", assignee="a"), now=NOW)
+    me = Claimant(pid=1, start=1, boot=None)
+    claim = board.claim(card.id, now=NOW, claimer=me, limits=Limits(max_in_progress=9, wants=ONE))
+    assert claim.run is not None
+    (fire,) = _ids(ledger, 0)
+    held = ledger.take(fire, _taking(), ONE, now=NOW)
+    assert held.wait is not None and held.wait.in_use == 1
+    finished = CardChange(fields={"status": CardStatus.DONE})
+    board.close_run(
+        claim.run.run_id, Result(outcome=Outcome.COMPLETED), lambda c, r: finished, now=NOW
+    )
+    assert ledger.take(fire, _taking(), ONE, now=NOW).taken
+    other, _ = board.add_card(NewCard(title="u", assignee="a"), now=NOW)
+    refused = board.claim(
+        other.id, now=NOW, claimer=me, limits=Limits(max_in_progress=9, wants=ONE)
+    )
+    assert refused.wait is not None
+
+
+def test_a_try_that_ends_in_a_retry_frees_its_limits_and_the_next_try_takes_them_again(
+    ledger: LedgerStore,
+) -> None:
+    first, other = _ids(ledger, 0, 1)
+    assert ledger.take(first, _taking(), ONE, now=NOW).taken
+    retry = FireChange(status=Status.RETRY, attempt=2, retry_at=NOW + 40)
+    assert ledger.update(first, (Status.SPAWNING,), retry)
+    _, tallies = ledger.limit_tallies(ONE, now=NOW)
+    assert tallies["api"].in_use == 0  # backing off holds nothing
+    assert ledger.take(other, _taking(), ONE, now=NOW).taken
+    back = FireChange(status=Status.CLAIMED, retry_at=None)
+    assert ledger.update(first, (Status.RETRY,), back)
+    held = ledger.take(first, _taking(), ONE, now=NOW + 40)
+    assert held.wait is not None and held.wait.limit == "api"  # the next try waits its turn

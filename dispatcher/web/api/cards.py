@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
-from dispatcher.app.documents import card_document, listed_card_json
+from dispatcher.app.documents import card_document, card_waits_of, listed_card_json
 from dispatcher.kanban.model import Card, CardEdit, CardStatus
 from dispatcher.kanban.views import SORT_KEYS, card_json, run_json
 from dispatcher.launch.resources import resources_json, sessions_of
@@ -61,11 +61,8 @@ def _after(text: str | None) -> tuple[Any, ...] | None:
 
 
 def _group_of(card: Card) -> str | None:
-    """The card's group, once the board has groups (issue 25 adds them); None until then.
-
-    The seam for the ``group`` filter: when cards carry a group, this returns it and the
-    filter of :func:`list_cards` works unchanged."""
-    return getattr(card, "group", None)
+    """The card's group (None: it has none): what the ``group`` filter compares."""
+    return card.group
 
 
 def list_cards(call: Call) -> Reply:
@@ -88,7 +85,8 @@ def list_cards(call: Call) -> Reply:
     page = ordered[: params["limit"]]
     assignees = frozenset(source.settings.kanban.assignees)
     headers = next_link(call, cursor=_cursor(page[-1])) if len(ordered) > len(page) else {}
-    return Reply(document=[listed_card_json(c, assignees) for c in page], headers=headers)
+    waits = card_waits_of(source.reader, page)
+    return Reply(document=[listed_card_json(c, assignees, waits) for c in page], headers=headers)
 
 
 def add_card(call: Call) -> Reply:
@@ -106,6 +104,7 @@ def add_card(call: Call) -> Reply:
             parents=body.get("parents", ()),
             idempotency_key=key,
             failure_limit=body.get("failure_limit"),
+            group=body.get("group"),
         )
     return Reply(
         document={"id": card.id},
@@ -141,10 +140,12 @@ def edit_card(call: Call) -> dict[str, Any]:
         priority=body.get("priority"),
         assignee=body.get("assignee"),
         failure_limit=body.get("failure_limit"),
+        group=body.get("group"),
     )
     if not edit.changed():
         raise ApiUsage(
-            "body", "nothing to change: give title, body, priority, assignee or failure_limit"
+            "body",
+            "nothing to change: give title, body, priority, assignee, failure_limit or group",
         )
     with call.site.source.action() as workspace:
         card = workspace.board.edit(call.params["card_id"], edit, now=workspace.now())

@@ -64,6 +64,13 @@ FAILURE_LIMIT = Field(
 )
 
 
+GROUP = Field(
+    name="group",
+    max_length=1000,
+    description='the card\'s group: claims take turns between groups (edit: "" for none)',
+)
+
+
 def required(field: Field) -> Field:
     """The same field, required."""
     return Field(**{**field.__dict__, "required": True})

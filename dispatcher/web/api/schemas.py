@@ -53,6 +53,7 @@ CARD = obj(
         "title": STRING,
         "body": STRING,
         "assignee": STRING,
+        "group": nullable("string"),
         "status": {"type": "string", "enum": [s.value for s in CardStatus]},
         "priority": INTEGER,
         "created_at": TIME,
@@ -73,8 +74,25 @@ CARD = obj(
         "result": nullable("string"),
     }
 )
+WAITING: Schema = {
+    "description": "the full named limit a ready card waits for (dispatch limits); null: none",
+    "type": ["object", "null"],
+    "properties": {
+        "limit": STRING,
+        "kind": {"type": "string", "enum": ["concurrency", "group", "rate"]},
+        "in_use": INTEGER,
+        "capacity": INTEGER,
+        "group": nullable("string"),
+        "next_start_in": nullable("integer"),
+        "text": STRING,
+    },
+    "required": ["limit", "kind", "in_use", "capacity", "group", "next_start_in", "text"],
+}
 LISTED_CARD: Schema = {
-    "allOf": [ref("Card"), obj({"assignee_configured": nullable("boolean")})],
+    "allOf": [
+        ref("Card"),
+        obj({"assignee_configured": nullable("boolean"), "waiting": WAITING}),
+    ],
 }
 RESOURCES: dict[str, Schema] = {
     "resources": {
@@ -125,6 +143,7 @@ CARD_SHOWN: Schema = {
                 "retry": nullable("object"),
                 "runs": array(ref("Run")),
                 "events": array(ref("Event")),
+                "waiting": WAITING,
             }
         ),
     ]
@@ -185,6 +204,29 @@ FIRE = obj(
     optional=("host", *RESOURCES),
 )
 PAUSED = obj({"id": STRING, "paused": BOOLEAN, "changed": BOOLEAN})
+LIMIT = obj(
+    {
+        "name": STRING,
+        "scope": {"type": "string", "enum": ["cluster", "host"]},
+        "concurrency": nullable("integer"),
+        "rate": nullable("string"),
+        "per_group": nullable("integer"),
+        "in_use": INTEGER,
+        "capacity": nullable("integer"),
+        "window_starts": nullable("integer"),
+        "window_capacity": nullable("integer"),
+        "window_seconds": nullable("number"),
+        "next_start_in": nullable("integer"),
+        "waiting_cards": INTEGER,
+        "waiting": array(obj({"id": STRING, "title": STRING, "wait": STRING})),
+        "waiting_fires": array(
+            obj({"id": STRING, "fire_key": STRING, "job": STRING, "wait": nullable("string")})
+        ),
+        "busiest_groups": array(
+            obj({"group": nullable("string"), "in_use": INTEGER, "capacity": INTEGER})
+        ),
+    }
+)
 HOST = obj(
     {
         "host_id": STRING,
@@ -260,6 +302,7 @@ COMPONENTS: dict[str, Schema] = {
     "Fire": FIRE,
     "Paused": PAUSED,
     "Host": HOST,
+    "Limit": LIMIT,
     "Status": STATUS,
     "Delivery": DELIVERY,
     "Retried": RETRIED,

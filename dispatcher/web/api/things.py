@@ -50,6 +50,12 @@ def hosts(call: Call) -> list[dict[str, Any]]:
     return hosts_document(source.reader.cluster)
 
 
+def limits(call: Call) -> list[dict[str, Any]]:
+    """``GET /limits``: ``limits --json`` (one serializer, :func:`dispatcher.app.limitview.
+    limits_doc`)."""
+    return call.site.source.limits()
+
+
 def status(call: Call) -> dict[str, Any]:
     """``GET /status``: ``status --json``."""
     from dispatcher.gateway.clusterview import cluster_status
