@@ -167,7 +167,7 @@ def run(quick: bool) -> list[Row]:
             ratio=share,
             target=target,
             met=None if target is None or share is None else share <= TARGET,
-            note=f"n={count}, p90={percentile(samples[name], 90) * 1000:.1f} ms, "
+            note=f"n={len(samples[name])}, p90={percentile(samples[name], 90) * 1000:.1f} ms, "
             f"{manager.kind} manager {manager.version}",
         )
 
