@@ -163,10 +163,10 @@ class RuleRecord(Record):
     """A rule's record, reading the YAML 1.1 boolean ``on`` (what ``on:`` parses to) as the
     key ``on``."""
 
-    def convert(self, value: Any) -> Any:
+    def prepared(self, value: Any) -> Any:
         if isinstance(value, dict) and True in value:
             value = {("on" if key is True else key): item for key, item in value.items()}
-        return super().convert(value)
+        return value
 
 
 @dataclass(frozen=True, kw_only=True)
