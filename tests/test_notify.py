@@ -335,6 +335,33 @@ def test_a_secret_file_readable_by_others_is_refused(tmp_path: Path) -> None:
         Sender(_notify_store(db, clustered=False), settings)
 
 
+def test_a_private_secret_file_is_asked_for_by_file_key_and_fix_everywhere(
+    tmp_path: Path,
+) -> None:
+    """config check, notify test and serve each refuse a secret file others can read, in one
+    line naming the config file, the channel's key and ``chmod 600``."""
+    from tests.support.cli import run_dispatch, state_env
+
+    secret = tmp_path / "hook-secret"
+    secret.write_text("x")
+    secret.chmod(0o644)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "notify:\n  channels:\n    pager: {webhook: {url: 'http://127.0.0.1:9/', secret_file: "
+        f"{secret}}}}}\n  rules: [{{on: [card.done], to: [pager]}}]\n"
+    )
+    env = state_env(tmp_path)
+    line = (
+        f"dispatch: error: {config}: notify.channels.pager.webhook.secret_file: secret file "
+        f"{secret} is readable by others (mode 644); chmod 600 {secret}"
+    )
+    for args in (("config", "check"), ("notify", "test", "pager"), ("serve",)):
+        done = run_dispatch(config, tmp_path / "state", env, *args, check=False)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.strip().splitlines()[-1] == line, args
+        assert "Traceback" not in done.stderr
+
+
 def test_serve_delivers_what_a_command_queued(tmp_path: Path) -> None:
     from dispatcher.app.workspace import Workspace
     from dispatcher.config import load_config

@@ -93,7 +93,8 @@ def handle_test(args: argparse.Namespace, ctx: Context) -> int:
         )
     secret = None
     if channel.webhook is not None and channel.webhook.secret_file:
-        secret = load_secret(channel.webhook.secret_file)
+        key = f"notify.channels.{args.channel}.webhook.secret_file"
+        secret = load_secret(channel.webhook.secret_file, key=key, source=ctx.config_path)
     message = {"id": uuid.uuid4().hex, "event": "test", "at": time.time(), "channel": args.channel}
     answer = deliver(channel, json.dumps(message, sort_keys=True), secret)
     if ctx.json:

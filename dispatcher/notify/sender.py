@@ -30,11 +30,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dispatcher.notify.settings import Channel, NotifySettings, WebhookFormat, redacted_url
+from dispatcher.notify.settings import (
+    Channel,
+    NotifySettings,
+    Webhook,
+    WebhookFormat,
+    redacted_url,
+)
 from dispatcher.notify.store import Delivery, NotifyStore
 from scope.foundation.errors import ConfigError
 
-__all__ = ["Answer", "Sender", "backoff", "deliver", "load_secret", "load_secrets", "sign"]
+__all__ = [
+    "Answer",
+    "Sender",
+    "backoff",
+    "deliver",
+    "load_secret",
+    "load_secrets",
+    "secret_errors",
+    "sign",
+]
 
 log = logging.getLogger("dispatch.notify")
 
@@ -56,35 +71,71 @@ def sign(secret: bytes, timestamp: int, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
-def load_secret(path_text: str) -> bytes:
-    """A channel's signing secret; refused (one line naming the fix) unless the file is ours
-    and private."""
+def load_secret(
+    path_text: str,
+    *,
+    key: str = "notify.channels.webhook.secret_file",
+    source: str | os.PathLike[str] | None = None,
+) -> bytes:
+    """A channel's signing secret; refused (one line naming the config file ``source``, the
+    ``key`` and the fix) unless the file is ours and private."""
     path = Path(path_text).expanduser()
+    where = None if source is None else str(source)
     try:
         info = path.stat()
         data = path.read_bytes()
     except OSError as err:
         raise ConfigError(
             f"secret file {path} cannot be read ({err.strerror})",
-            key="notify.channels.webhook.secret_file",
+            key=key,
+            path=where,
             remedy="create it with mode 0600",
         ) from None
     if stat.S_IMODE(info.st_mode) & 0o077 or info.st_uid != os.getuid():
         raise ConfigError(
             f"secret file {path} is readable by others (mode {stat.S_IMODE(info.st_mode):o})",
-            key="notify.channels.webhook.secret_file",
+            key=key,
+            path=where,
             remedy=f"chmod 600 {path}",
         )
     return data.strip()
 
 
-def load_secrets(settings: NotifySettings) -> dict[str, bytes]:
-    """Every signing channel's secret, by channel name (checked as :func:`load_secret`)."""
+def load_secrets(
+    settings: NotifySettings, source: str | os.PathLike[str] | None = None
+) -> dict[str, bytes]:
+    """Every signing channel's secret, by channel name (checked as :func:`load_secret`; the
+    first refusal is raised)."""
     return {
-        name: load_secret(ch.webhook.secret_file)
+        name: load_secret(hook.secret_file or "", key=_secret_key(name), source=source)
+        for name, hook in _signing(settings)
+    }
+
+
+def secret_errors(
+    settings: NotifySettings, source: str | os.PathLike[str] | None = None
+) -> list[ConfigError]:
+    """The refusal of every signing channel whose secret file serve would refuse (``dispatch
+    config check`` reports them all)."""
+    found = []
+    for name, hook in _signing(settings):
+        try:
+            load_secret(hook.secret_file or "", key=_secret_key(name), source=source)
+        except ConfigError as err:
+            found.append(err)
+    return found
+
+
+def _signing(settings: NotifySettings) -> list[tuple[str, Webhook]]:
+    return [
+        (name, ch.webhook)
         for name, ch in settings.channels.items()
         if ch.webhook is not None and ch.webhook.secret_file
-    }
+    ]
+
+
+def _secret_key(channel: str) -> str:
+    return f"notify.channels.{channel}.webhook.secret_file"
 
 
 @dataclass(frozen=True, kw_only=True)
