@@ -122,6 +122,9 @@ def test_a_card_waiting_on_a_limit_says_so_everywhere(rig: Rig) -> None:
     assert board["ready"][0]["waiting"]["text"] == WAIT
     page = rig.client.get("/").text
     assert f"waiting: {WAIT}" in page and ">c-42<" in page
+    page = rig.client.get(f"/cards/{card_id}").text
+    assert f"<dt>waiting</dt><dd>{WAIT}</dd>" in page
+    assert "<span>group <b>c-42</b></span>" in page
 
 
 def test_dispatch_limits_lists_use_capacity_window_and_what_waits(rig: Rig) -> None:
