@@ -76,7 +76,7 @@ notify:
         ),
         ("channels: {a: {webhook: {url: 'file:///etc/passwd'}}}", "not an http(s) URL"),
         ("channels: {a: {}}", "exactly one of 'webhook' and 'command'"),
-        ("channels: {a: {command: 'echo hi'}}", "argv list"),
+        ("channels: {a: {command: 'echo hi'}}", "argv list (no shell); write it as a list"),
     ],
 )
 def test_bad_notify_config_is_one_line_naming_the_key(text: str, words: str) -> None:
@@ -84,6 +84,21 @@ def test_bad_notify_config_is_one_line_naming_the_key(text: str, words: str) -> 
         _notify(f"notify:\n  {text}\n")
     message = str(caught.value)
     assert words in message and "\n" not in message and "passwd" not in message
+
+
+def test_a_command_channel_runs_a_shell_only_when_asked(tmp_path: Path) -> None:
+    from dispatcher.notify.sender import deliver
+
+    got = tmp_path / "got"
+    shelled = _notify(
+        f"notify:\n  channels: {{a: {{command: 'cat > {got} && echo $((6 * 7))', shell: true}}}}\n"
+    ).channels["a"]
+    answer = deliver(shelled, '{"id": "m1", "event": "card.done"}')
+    assert (answer.ok, answer.detail) == (True, "exit 0 42")
+    assert json.loads(got.read_text())["id"] == "m1"
+    # An argv list never sees a shell: the words reach the program as they are.
+    plain = _notify("notify:\n  channels: {a: {command: [echo, '$((6 * 7))']}}\n").channels["a"]
+    assert deliver(plain, '{"id": "m2", "event": "card.done"}').detail == "exit 0 $((6 * 7))"
 
 
 def test_backoff_doubles_up_to_the_cap_with_jitter_between_half_and_all() -> None:

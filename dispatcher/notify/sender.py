@@ -195,10 +195,10 @@ def _post(channel: Channel, body: str, secret: bytes | None) -> Answer:
 
 
 def _run(channel: Channel, body: str) -> Answer:
-    assert channel.command is not None
+    argv = channel.argv()
     try:
         done = subprocess.run(
-            list(channel.command),
+            argv,
             input=body.encode(),
             capture_output=True,
             timeout=channel.timeout,
@@ -207,7 +207,7 @@ def _run(channel: Channel, body: str) -> Answer:
     except subprocess.TimeoutExpired:
         return Answer(ok=False, detail=f"timed out after {channel.timeout:g}s")
     except OSError as err:
-        return Answer(ok=False, detail=f"cannot run {channel.command[0]}: {err.strerror}")
+        return Answer(ok=False, detail=f"cannot run {argv[0]}: {err.strerror}")
     out = done.stdout[:RESPONSE_CAP].decode(errors="replace")
     return Answer(ok=done.returncode == 0, detail=f"exit {done.returncode} {out}".rstrip())
 

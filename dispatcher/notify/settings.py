@@ -16,6 +16,7 @@ from typing import Any
 from dispatcher.launch.outbox import EVENTS, Route
 from scope.foundation.schema import (
     Argv,
+    Bool,
     Choice,
     Duration,
     Invalid,
@@ -100,21 +101,36 @@ class Channel:
     webhook: Webhook | None = setting(
         None, kind=Optional(Record(Webhook)), doc="Deliver by HTTP POST."
     )
-    command: tuple[str, ...] | None = setting(
+    command: tuple[str, ...] | str | None = setting(
         None,
         kind=Optional(Argv()),
-        doc="Deliver by running this argv (no shell) with the message's JSON on stdin.",
+        doc="Deliver by running this argv (no shell; a string only with shell: true) with"
+        " the message's JSON on stdin.",
+    )
+    shell: bool = setting(
+        False, kind=Bool(), doc="Command channels: run a string command through /bin/sh -c."
     )
     timeout: float = setting(
         30.0, kind=Duration(min=1), doc="Command channels: kill the command after this long."
     )
 
     def check(self) -> None:
-        """One way of delivering, and a command is an argv list."""
+        """One way of delivering, and a command is an argv list unless a shell was asked for."""
         if (self.webhook is None) == (self.command is None):
             raise Invalid("a channel needs exactly one of 'webhook' and 'command'")
+        if isinstance(self.command, str) and not self.shell:
+            raise Invalid(
+                "a command channel takes an argv list (no shell); write it as a list"
+                ' (e.g. ["notify-me", "--quiet"]) or set shell: true',
+                ("command",),
+            )
+
+    def argv(self) -> list[str]:
+        """What a command channel runs: its argv, or ``/bin/sh -c`` with its string."""
+        assert self.command is not None
         if isinstance(self.command, str):
-            raise Invalid("a command channel takes an argv list (no shell)", ("command",))
+            return ["/bin/sh", "-c", self.command]
+        return list(self.command)
 
 
 @dataclass(frozen=True, kw_only=True)
