@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import http.server
 import json
+import socket
 import sys
 import threading
 import time
@@ -99,6 +100,63 @@ def test_a_command_channel_runs_a_shell_only_when_asked(tmp_path: Path) -> None:
     # An argv list never sees a shell: the words reach the program as they are.
     plain = _notify("notify:\n  channels: {a: {command: [echo, '$((6 * 7))']}}\n").channels["a"]
     assert deliver(plain, '{"id": "m2", "event": "card.done"}').detail == "exit 0 $((6 * 7))"
+
+
+class Drip:
+    """A receiver that sends the start of its answer at once and the rest a byte every 0.2 s,
+    forever: each read alone is quick, so only a bound on the whole exchange ends it."""
+
+    def __init__(self, start: bytes, rest: bytes) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.start, self.rest = start, rest
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.start)
+                for byte in self.rest * 10_000:
+                    conn.sendall(bytes([byte]))
+                    if self.stop.wait(0.2):
+                        return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("start", "rest", "ok"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n", b"x", True),  # the body drips
+        (b"", b"H", False),  # the status line never ends
+    ],
+)
+def test_a_webhook_delivery_ends_within_its_timeout_however_slow_the_receiver(
+    start: bytes, rest: bytes, ok: bool
+) -> None:
+    from dispatcher.notify.sender import deliver
+
+    drip = Drip(start, rest)
+    try:
+        hook = _notify(
+            f"notify:\n  channels: {{d: {{webhook: {{url: 'http://127.0.0.1:{drip.port}/', "
+            "timeout: 1s}}}\n"
+        ).channels["d"]
+        started = time.monotonic()
+        got = deliver(hook, '{"id": "m1", "event": "card.done"}')
+        took = time.monotonic() - started
+    finally:
+        drip.close()
+    assert 0.9 < took < 5, took
+    # The head arrived (200): the receiver took the message; the rest of its answer is cut.
+    assert got.ok is ok, got.detail
+    if not ok:
+        assert got.detail == f"http://127.0.0.1:{drip.port}: timed out after 1s"
 
 
 def test_backoff_doubles_up_to_the_cap_with_jitter_between_half_and_all() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dispatcher.notify.opener import open_within
 from dispatcher.notify.settings import (
     Channel,
     NotifySettings,
@@ -146,14 +148,6 @@ class Answer:
     detail: str
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a 3xx is an answer, not an instruction: it counts as a failure
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
 def _slack_text(message: Mapping[str, Any]) -> str:
     card = message.get("card") or {}
     if card:
@@ -183,13 +177,16 @@ def _post(channel: Channel, body: str, secret: bytes | None) -> Answer:
     # The URL's scheme was checked (http or https) when the config was read.
     request = urllib.request.Request(hook.url, data=payload, headers=headers, method="POST")  # noqa: S310
     where = redacted_url(hook.url)
+    started = time.monotonic()
     try:
-        with _OPENER.open(request, timeout=hook.timeout) as response:
+        with open_within(request, hook.timeout) as response:
             text = response.read(RESPONSE_CAP).decode(errors="replace")
             return Answer(ok=200 <= response.status < 300, detail=f"{response.status} {text}")
     except urllib.error.HTTPError as err:
         return Answer(ok=False, detail=f"{where}: HTTP {err.code}")
-    except (urllib.error.URLError, OSError) as err:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+        if time.monotonic() - started >= hook.timeout:
+            return Answer(ok=False, detail=f"{where}: timed out after {hook.timeout:g}s")
         reason = getattr(err, "reason", err)
         return Answer(ok=False, detail=f"{where}: {reason}")
 
