@@ -70,7 +70,14 @@ class ScopeSettings:
                     f"is an alias of scope.resources.{key}: set only one of the two",
                     (key,),
                 )
-        self.properties()
+        try:
+            self.properties()
+        except Invalid as err:
+            # Only an alias can clash here (``resources`` was checked alone): name both.
+            raise Invalid(
+                f"{err.problem} (over scope.{'/'.join(_set_aliases(self))})",
+                ("resources", *err.path),
+            ) from None
 
     def properties(self) -> ScopeProperties:
         """The default class a real spawn (and the probe) applies: ``scope.resources`` with
@@ -80,3 +87,7 @@ class ScopeSettings:
 
 
 _ALIASES = ("memory_max", "tasks_max", "runtime_max")
+
+
+def _set_aliases(settings: ScopeSettings) -> list[str]:
+    return [key for key in _ALIASES if getattr(settings, key) is not None]

@@ -244,7 +244,10 @@ def test_a_host_never_held_by_calm_readings(steps) -> None:
         ("memory_pressure_resume: -1%", "admission.memory_pressure_resume: invalid percentage"),
         ("memory_pressure_resume: 30%", "admission.memory_pressure_resume: must be below"),
         ("cpu_pressure_resume: 5%", "admission.cpu_pressure_resume: needs cpu_pressure"),
-        ("memory_available: 1GiB", "admission.memory_available_resume: must be at least"),
+        (
+            "memory_available: 1GiB\n  memory_available_resume: 512MiB",
+            "admission.memory_available_resume: must be at least",
+        ),
         ("min_hold: soon", "admission.min_hold: invalid duration"),
         ("memory_presure: 20%", "unknown key 'memory_presure'; did you mean 'memory_pressure'?"),
     ],
@@ -254,6 +257,22 @@ def test_bad_admission_config_is_one_line(text: str, expected: str) -> None:
         parse_config(f"admission:\n  {text}\n", "c.yaml")
     assert expected in info.value.message and "\n" not in info.value.message
     assert info.value.exit_code == 2
+
+
+def test_a_threshold_alone_brings_its_resume_threshold_along() -> None:
+    # Only the hold threshold set: its resume threshold follows it (half a pressure, twice a
+    # floor), instead of an error about a key the file does not name.
+    config = parse_config("admission:\n  memory_pressure: 5%\n  memory_available: 1GiB\n", "c")
+    settings = config.admission
+    assert (settings.memory_resume, settings.available_resume) == (2.5, 2048 * MiB)
+    assert (S.memory_resume, S.available_resume) == (10.0, 512 * MiB)
+    state = decide(Readings(memory_pressure=6.0), settings, FREE, 0.0)
+    assert state.held and state.reasons == ("memory_pressure",)
+    still = decide(Readings(memory_pressure=3.0, memory_available=4096 * MiB), settings, state, 99)
+    assert still.held
+    calm = Readings(memory_pressure=2.0, memory_available=1536 * MiB)
+    assert decide(calm, settings, state, 99).held  # MemAvailable below twice its floor
+    assert not decide(Readings(memory_pressure=2.0), settings, state, 99).held
 
 
 # -- reading /proc ------------------------------------------------------------------------------

@@ -88,6 +88,10 @@ def test_serve_holds_claims_and_cron_under_pressure_then_resumes(tmp_path: Path,
         assert shown["held"] is True and shown["reason"] == "memory pressure 34 %"
         assert shown["decided_by"] == "serve" and shown["readings"]["memory_pressure"] == 34.0
         assert "admission: holding new work: memory pressure 34 %" in gateway.log()
+        # The status's recent errors name each source once (the messages carry it already).
+        human = cli("status")
+        assert "  admission: holding new work: memory pressure 34 %" in human, human
+        assert "cron: fire often@" in human and "cron: cron:" not in human, human
 
         pressure(proc, LOW)
         wait_for(lambda: status(waiting) == "done", timeout=20, what="the held card claimed")
@@ -119,6 +123,13 @@ def test_a_oneshot_tick_claims_nothing_while_held(tmp_path: Path, capsys, held: 
     base = ["--config", str(config), "--state-dir", str(tmp_path / "state")]
     assert main([*base, "kanban", "add", "x", "--assignee", "quick"], env) == 0
     capsys.readouterr()
+    # A dry run says what a tick would do, so it holds too; it decides nothing it keeps.
+    assert main([*base, "kanban", "tick", "--dry-run", "--json"], env) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert (dry["held"], len(dry["planned"])) == (
+        ("memory pressure 34 %", 0) if held else (None, 1)
+    )
+    assert not (tmp_path / "state" / "admission.json").exists()
     assert main([*base, "kanban", "tick", "--json"], env) == 0
     out, err = capsys.readouterr()
     report = json.loads(out)

@@ -10,6 +10,7 @@ pending at the next fire. Real processes: tests/test_cron_retry_process.py.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -328,6 +329,22 @@ def test_a_failed_try_backs_off_then_runs_again_under_the_same_fire_key(world: W
     # on_failure ran once, for the fire, not per try.
     hooks = [r for r in world.registry.requests.values() if r.labels.get("hook")]
     assert len(hooks) == 1 and done.on_failure_session is not None
+
+
+def test_the_log_says_when_the_next_try_comes(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dispatcher.timefmt import iso
+
+    s = world.scheduler(retrying())
+    s.tick()
+    s.tick(world.at("2026-01-05T10:00:00"))
+    fail_running(world)
+    with caplog.at_level(logging.INFO, logger="dispatch.cron"):
+        (row,) = s.tick(world.at("2026-01-05T10:00:01")).retrying
+    assert row.retry_at is not None
+    line = next(r.getMessage() for r in caplog.records if "next try" in r.getMessage())
+    assert f"next try at {iso(row.retry_at)} (backoff, attempt 2 of 3)" in line, line
 
 
 def test_a_fire_completed_on_its_second_try(world: World) -> None:

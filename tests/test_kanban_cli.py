@@ -530,6 +530,13 @@ def test_a_worker_defers_its_card_uncounted_until_its_time(cli: Cli) -> None:
     assert isinstance(report, dict) and report["dispatched"] == []
     code, _, err = cli("kanban", "defer", card_id, "--run", "r_0000000000", "--for", "soon")
     assert code == 2 and err.count("\n") == 1 and "--for" in err
+    # A time not in the future names the flag and the text the worker gave, not a timestamp.
+    code, _, err = cli("kanban", "defer", card_id, "--run", "r_0000000000", "--for", "0s")
+    assert code == 2 and err.count("\n") == 1 and "--for '0s'" in err and "future" in err
+    past = "2020-01-01T09:00"
+    code, _, err = cli("kanban", "defer", card_id, "--run", "r_0000000000", "--until", past)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--until '{past}'" in err and "future" in err and "1577" not in err
 
 
 def test_kill_takes_a_card_id_or_a_run_id(cli: Cli) -> None:

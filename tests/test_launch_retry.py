@@ -234,3 +234,135 @@ def test_list_and_board_show_a_card_backing_off() -> None:
     view = TimeView(now=NOW, zone=None)
     assert any("backing off" in line for line in board_text([waiting], paused=False, times=view))
     assert "backing off" in card_table([waiting], times=view)[1]
+
+
+def test_a_configured_rule_overrides_what_78_means_for_kanban() -> None:
+    # "Exit 75 and exit 78 keep their meaning ... as built-in rules that a config may override."
+    retry_78 = policy({"attempts": 3, "rules": [{"exit_codes": ["78"], "action": "retry"}]})
+    config = failed(78, Outcome.CONFIG_ERROR)
+    change = after_run(card(), RUN, config, Breaker(retry=retry_78, rng=half), NOW)
+    assert change.fields["status"] is CardStatus.READY
+    assert change.fields["retry_at"] == NOW + 5
+    assert change.fields["consecutive_failures"] == 1
+    at_limit = after_run(card(consecutive_failures=2), RUN, config, Breaker(retry=retry_78), NOW)
+    assert at_limit.fields["status"] is CardStatus.BLOCKED
+    # Without a rule of its own, 78 still trips the breaker at once.
+    plain = after_run(card(), RUN, config, Breaker(retry=policy({"attempts": 3})), NOW)
+    assert plain.fields["status"] is CardStatus.BLOCKED
+
+
+def test_retry_starts_over_and_show_says_no_attempt() -> None:
+    # "`kanban retry ID` starts over with a fresh attempt count": no stale "attempt 0 of 4".
+    from dispatcher.kanban.model import Event
+    from dispatcher.kanban.views import retry_state, show_text
+    from dispatcher.timefmt import TimeView
+
+    def event(seq: int, kind: str, **data: object) -> Event:
+        return Event(seq=seq, card_id="c_0000000001", kind=kind, at=NOW, data=data)
+
+    gave_up = [
+        event(1, "failed", attempt=4, attempts=4, consecutive_failures=4),
+        event(2, "gave_up", reason="4 consecutive failures"),
+    ]
+    blocked = card(status=CardStatus.BLOCKED, consecutive_failures=4, current_run_id=None)
+    assert retry_state(blocked, gave_up) is not None
+    retried = [*gave_up, event(3, "moved", action="retry", to="ready")]
+    fresh = card(status=CardStatus.READY, current_run_id=None)
+    assert retry_state(fresh, retried) is None
+    lines = show_text(fresh, [], retried, times=TimeView(now=NOW, zone=None))
+    assert not any(line.startswith("attempt") for line in lines)
+
+
+def test_event_lines_spell_their_times() -> None:
+    # A deferral's `until` and a failure's `retry_at` are stored as epoch seconds; the terminal
+    # and the web show times, as the JSON does.
+    from dispatcher.kanban.model import Event
+    from dispatcher.kanban.views import show_text
+    from dispatcher.timefmt import TimeView, iso
+    from dispatcher.web.views import event_summary
+
+    deferred = Event(
+        seq=1,
+        card_id="c_0000000001",
+        kind="deferred",
+        at=NOW,
+        data={"by": "worker", "until": NOW + 300.25, "reason": "rate limited"},
+    )
+    failed_ = Event(seq=2, card_id="c_0000000001", kind="failed", at=NOW, data={"retry_at": NOW})
+    view = TimeView(now=NOW, zone=None)
+    lines = show_text(card(status=CardStatus.READY), [], [deferred, failed_], times=view)
+    assert any(f"until={view.at(NOW + 300.25)}" in line for line in lines), lines
+    assert not any(str(NOW)[:6] in line for line in lines if "=" in line), lines
+    assert f"until={iso(NOW + 300.25)}" in event_summary(deferred)
+    assert event_summary(failed_) == f"retry_at={iso(NOW)}"
+
+
+def test_list_board_and_tile_tell_a_deferred_card_from_one_backing_off() -> None:
+    # "kanban list/board and the web tile show a card that is backing off or deferred, with when."
+    from dispatcher.kanban.model import Run
+    from dispatcher.kanban.views import board_text, card_table, deferred_cards
+    from dispatcher.timefmt import TimeView
+    from dispatcher.web.views import tiles
+
+    later = card(
+        id="c_00000000d1", status=CardStatus.READY, retry_at=NOW + 300, current_run_id=None
+    )
+    backing = card(status=CardStatus.READY, retry_at=NOW + 40, current_run_id=None)
+    runs = {
+        later.id: [replace(RUN, card_id=later.id, outcome=Outcome.DEFERRED)],
+        backing.id: [replace(RUN, outcome=Outcome.FAILED)],
+    }
+    asked: list[str] = []
+
+    def runs_of(card_id: str) -> list[Run]:
+        asked.append(card_id)
+        return runs.get(card_id, [])
+
+    idle = card(id="c_00000000e1", status=CardStatus.READY, current_run_id=None)
+    deferred = deferred_cards([later, backing, idle], runs_of, NOW)
+    assert deferred == {later.id} and asked == [later.id, backing.id]  # only cards that wait
+    view = TimeView(now=NOW, zone=None)
+    table = card_table([later, backing], times=view, deferred=deferred)
+    assert table[1].endswith("[deferred, next try in 5m]")
+    assert table[2].endswith("[backing off, next try in 40s]")
+    board = "\n".join(board_text([later, backing], paused=False, times=view, deferred=deferred))
+    assert "[deferred, next try in 5m]" in board and "[backing off, next try in 40s]" in board
+    shown = tiles([later, backing], [], local_host="h", limit_for=lambda _: 2, deferred=deferred)
+    assert [t.deferred for t in shown] == [True, False]
+
+
+@pytest.mark.parametrize("status", [CardStatus.DONE, CardStatus.BLOCKED, CardStatus.REVIEW])
+def test_a_workers_report_after_its_defer_forgets_the_deferral(status: CardStatus) -> None:
+    # A worker that deferred and then reported (complete wins) leaves no stale "retry at" that
+    # would show on the done card, or hold it back once an operator moves it to ready.
+    from dispatcher.kanban.rules import worker_move_change
+
+    deferred = card(retry_at=NOW + 300)
+    change = worker_move_change(
+        deferred,
+        RUN.run_id,
+        run_card_id=deferred.id,
+        run_open=True,
+        status=status,
+        now=NOW,
+        block_kind=None,
+        blocked_until=None,
+        reason="r",
+        result=None,
+    )
+    assert change.fields["retry_at"] is None
+
+
+def test_show_gives_a_deferred_card_its_attempts_too() -> None:
+    # "attempt n of m" also while the worker's deferral is pending (it failed nothing yet, so
+    # no failure event says m: the assignee's limit does).
+    from dispatcher.kanban.model import Event
+    from dispatcher.kanban.views import show_json, show_text
+    from dispatcher.timefmt import TimeView
+
+    waiting = card(status=CardStatus.READY, retry_at=NOW + 300, current_run_id=None)
+    deferred = Event(seq=1, card_id=waiting.id, kind="deferred", at=NOW, data={"until": NOW + 300})
+    doc = show_json(waiting, [], [deferred], limit=4)
+    assert (doc["retry"]["attempt"], doc["retry"]["attempts"]) == (1, 4)
+    lines = show_text(waiting, [], [deferred], times=TimeView(now=NOW, zone=None), limit=4)
+    assert "attempt   1 of 4" in lines

@@ -90,6 +90,11 @@ def test_old_global_keys_are_aliases_and_never_both() -> None:
         Record(ScopeSettings).convert({"tasks_max": 5, "resources": {"tasks_max": 6}})
     assert "alias of scope.resources.tasks_max" in err.value.problem
     assert err.value.path == ("tasks_max",)
+    # A class that clashes with an alias names the key that exists, and the alias it meets.
+    with pytest.raises(Invalid) as err:
+        Record(ScopeSettings).convert({"memory_max": "1G", "resources": {"memory_high": "2G"}})
+    assert err.value.path == ("resources", "memory_high")
+    assert err.value.problem.endswith("(over scope.memory_max)")
 
 
 def test_a_class_overrides_the_default_key_by_key() -> None:

@@ -145,7 +145,8 @@ def card_document(workspace: Workspace, card_id: str) -> dict[str, Any]:
     runs = store.runs_of(card_id)
     # Each run's class, peak memory and CPU time come with its session (this host's).
     sessions = sessions_of(workspace.registry(), (run.session_id for run in runs))
-    doc = show_json(card, runs, store.events_of(card_id), sessions)
+    limit = workspace.settings.kanban.limit_for(card.assignee)
+    doc = show_json(card, runs, store.events_of(card_id), sessions, limit=limit)
     hosts = workspace.run_hosts(card_id)
     for run in doc["runs"]:
         run["host"] = hosts.get(run["run_id"])

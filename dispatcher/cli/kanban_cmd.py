@@ -55,6 +55,7 @@ from dispatcher.kanban.model import MOVE_TARGETS, Card, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     board_text,
     card_table,
+    deferred_cards,
     show_text,
     sorted_cards,
     tick_json,
@@ -215,7 +216,11 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
     if ctx.json:
         ctx.emit_json([listed_card_json(c, assignees, waits) for c in cards])
     else:
-        for line in card_table(cards, times=ctx.times(), assignees=assignees, waits=waits.texts()):
+        times = ctx.times()
+        deferred = deferred_cards(cards, workspace.store.runs_of, times.now)
+        for line in card_table(
+            cards, times=times, assignees=assignees, waits=waits.texts(), deferred=deferred
+        ):
             ctx.out(line)
     return 0
 
@@ -253,7 +258,10 @@ def handle_show(args: argparse.Namespace, ctx: Context) -> int:
     used = {run.run_id: resources_text(sessions.get(run.session_id or "")) for run in runs}
     shown = hosts if workspace.cluster.clustered else None
     wait = _waits(ctx, workspace, [card]).text(card.id)
-    for line in show_text(card, runs, events, times=ctx.times(), hosts=shown, used=used, wait=wait):
+    limit = workspace.settings.kanban.limit_for(card.assignee)
+    for line in show_text(
+        card, runs, events, times=ctx.times(), hosts=shown, used=used, wait=wait, limit=limit
+    ):
         ctx.out(line)
     return 0
 
@@ -327,8 +335,15 @@ def _board_once(ctx: Context) -> int:
     if ctx.json:
         ctx.emit_json(board_document(cards, paused=paused, assignees=assignees, waits=waits))
     else:
+        times = ctx.times()
+        deferred = deferred_cards(cards, workspace.store.runs_of, times.now)
         for line in board_text(
-            cards, paused=paused, times=ctx.times(), assignees=assignees, waits=waits.texts()
+            cards,
+            paused=paused,
+            times=times,
+            assignees=assignees,
+            waits=waits.texts(),
+            deferred=deferred,
         ):
             ctx.out(line)
     return 0
@@ -363,7 +378,7 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     if args.max is not None and args.max < 0:
         raise UsageError(f"--max {args.max}: must not be negative")
     workspace = _workspace(ctx)
-    held = None if args.dry_run else _admission(ctx)
+    held = _admission(ctx, dry_run=args.dry_run)
     report = workspace.tick(max_claims=0 if held else args.max, dry_run=args.dry_run)
     for warning in report.warnings:
         ctx.warn(f"warning: {warning}")
@@ -377,9 +392,10 @@ def handle_tick(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-def _admission(ctx: Context) -> str | None:
+def _admission(ctx: Context, *, dry_run: bool) -> str | None:
     """This host's admission for a oneshot tick (continuing from the last verdict in the
-    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None."""
+    state dir, so the hysteresis and the minimum hold span ticks): why it holds, or None.
+    A dry run decides the same way but keeps nothing."""
     from dispatcher.gateway.admission import HostAdmission
     from scope.foundation.clock import SystemClock
 
@@ -390,5 +406,5 @@ def _admission(ctx: Context) -> str | None:
         SystemClock(),
         writer="kanban tick",
     )
-    verdict = admission.check()
+    verdict = admission.peek() if dry_run else admission.check()
     return (verdict.reason or "admission") if verdict.held else None

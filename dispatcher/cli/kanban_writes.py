@@ -285,11 +285,16 @@ def _defer_until(args: argparse.Namespace, now: float) -> float:
     from scope.foundation.values import parse_duration
 
     if args.for_ is None:
-        return _until_arg(args.until)
-    try:
-        return now + parse_duration(args.for_)
-    except Invalid as err:
-        raise UsageError(f"--for: {err.problem}") from None
+        flag, text, until = "--until", args.until, _until_arg(args.until)
+    else:
+        try:
+            flag, text, until = "--for", args.for_, now + parse_duration(args.for_)
+        except Invalid as err:
+            raise UsageError(f"--for: {err.problem}") from None
+    if until <= now:
+        # Checked here, where the worker's own words are known (the board sees a timestamp).
+        raise UsageError(f"{flag} {quote(text)}: the time must be in the future")
+    return until
 
 
 def _until_arg(text: str) -> float:

@@ -110,7 +110,13 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
     if errors:
         ctx.out("recent errors:")
         for error in errors:
-            ctx.out(f"  {times.both(error.get('at'))}  {error['source']}: {error['message']}")
+            ctx.out(f"  {times.both(error.get('at'))}  {_error_text(error)}")
+
+
+def _error_text(error: dict[str, Any]) -> str:
+    """``source: message``, the source once (most log lines start with it already)."""
+    source, message = f"{error['source']}: ", str(error["message"])
+    return message if message.startswith(source) else source + message
 
 
 def _keepers_text(keepers: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ from dispatcher.launch.failure import WorkerSetupError
 from dispatcher.launch.limits import Wants
 from dispatcher.launch.outcome import CRON_DECISIONS, Outcome, Result, outcome_of
 from dispatcher.launch.setup import Workplace
+from dispatcher.timefmt import iso
 from registry.abc import Owner, OwnerKind, Registry, Session, SpawnRequest
 from scope.abc import CallerKind
 from scope.foundation.clock import Clock
@@ -303,11 +304,11 @@ class FireRunner:
         if not self.ledger.update(row.id, expect, change):
             return None
         log.info(
-            "cron fire %s: try %d %s; next try at %.0f (%s)",
+            "cron fire %s: try %d %s; next try at %s (%s)",
             row.fire_key,
             row.try_number,
             verdict.tried.outcome.value,
-            following.at,
+            iso(following.at),
             following.reason or following.kind.value,
         )
         if self.on_retry is not None:

@@ -181,27 +181,38 @@ class HostAdmission:
             if self._checked is not None and started - self._checked < every:
                 return self._verdict
             self._checked = started
-            settings = self._settings()
-            readings = read_readings(self._proc)
-            now = self._clock.time()
-            state = decide(readings, settings, self._verdict.state, now)
             before = self._verdict
-            self._verdict = Verdict(
-                held=state.held,
-                since=state.since,
-                reasons=state.reasons,
-                reason=reason_text(state, readings, settings),
-                readings=readings,
-                updated_at=now,
-                writer=self._writer,
-                pid=os.getpid(),
-            )
-            changed = state.held != before.held
+            self._verdict = self._decide()
+            now = self._verdict.updated_at
+            changed = self._verdict.held != before.held
             if changed:
                 self._log_change(before, self._verdict, now)
             if changed or now - self._written >= WRITE_EVERY:
                 self._write(now)
             return self._verdict
+
+    def peek(self) -> Verdict:
+        """What :meth:`check` would decide now, without keeping, logging or writing it (a
+        ``kanban tick --dry-run`` changes nothing, the admission state included)."""
+        with self._lock:
+            return self._decide()
+
+    def _decide(self) -> Verdict:
+        """Read and decide from the last verdict kept (the caller holds the lock)."""
+        settings = self._settings()
+        readings = read_readings(self._proc)
+        now = self._clock.time()
+        state = decide(readings, settings, self._verdict.state, now)
+        return Verdict(
+            held=state.held,
+            since=state.since,
+            reasons=state.reasons,
+            reason=reason_text(state, readings, settings),
+            readings=readings,
+            updated_at=now,
+            writer=self._writer,
+            pid=os.getpid(),
+        )
 
     def hold(self, _now: float) -> str | None:
         """The :data:`dispatcher.cron.hold.Hold` of cron: the reason while held."""

@@ -196,7 +196,8 @@ def worker_move_change(
             {"done": "complete", "blocked": "block", "review": "review"}[status.value],
             remedy="the worker already reported on this card; nothing was changed",
         )
-    fields: dict[str, Any] = {"status": status}
+    # The report wins over a `defer` the worker made earlier in this run: no pending retry.
+    fields: dict[str, Any] = {"status": status, "retry_at": None}
     data: dict[str, Any] = {"by": "worker"}
     kind = EventKind.REVIEW
     if status is CardStatus.DONE:

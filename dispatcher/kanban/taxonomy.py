@@ -193,7 +193,8 @@ def _by_rule(
     if rule.action is Action.FAIL:
         return _counted(card, data, result, breaker, now, give_up=f"{data['rule']}: no retry")
     if rule.counted:
-        return _counted(card, data, result, breaker, now)
+        # The configured rule replaces the built-in "78 trips at once" (a config may override it).
+        return _counted(card, data, result, breaker, now, builtin=False)
     data["counted"] = False
     delay = breaker.policy(card.assignee).backoff.delay(card.tempfail_count + 1, breaker.rng)
     return _tempfail(card, data, result, breaker, now, delay=delay)
@@ -296,8 +297,10 @@ def _counted(
     now: float,
     *,
     give_up: str | None = None,
+    builtin: bool = True,
 ) -> CardChange:
-    """A counted failure: back off before the next attempt, or give up at the limit."""
+    """A counted failure: back off before the next attempt, or give up at the limit
+    (``builtin``: no configured rule decided, so a configuration error trips at once)."""
     failures = card.consecutive_failures + 1
     limit = breaker.limit(card)
     data["consecutive_failures"] = failures
@@ -311,7 +314,7 @@ def _counted(
         "last_failure_error": result.error,
     }
     events: list[tuple[EventKind, Mapping[str, Any]]] = [(EventKind.FAILED, data)]
-    if give_up is None and result.outcome is Outcome.CONFIG_ERROR:
+    if give_up is None and builtin and result.outcome is Outcome.CONFIG_ERROR:
         give_up = "configuration error (exit 78): the breaker trips at once"
     if give_up is None and failures >= limit:
         give_up = f"{failures} consecutive failures (failure limit {limit})"

@@ -76,12 +76,27 @@ def run_json(run: Run) -> dict[str, Any]:
     }
 
 
+EVENT_TIMES = ("until", "retry_at", "cooldown_until")
+"""Event data keys holding epoch seconds (a deferral's time, the back-off, the cooldown)."""
+
+
+def event_data(event: Event, at: Callable[[float], str | None] = iso) -> dict[str, Any]:
+    """An event's data with its :data:`EVENT_TIMES` spelled by ``at`` (ISO-8601 by default)."""
+    data = dict(event.data)
+    for key in EVENT_TIMES:
+        if isinstance(data.get(key), int | float) and not isinstance(data[key], bool):
+            data[key] = at(data[key])
+    return data
+
+
+def event_pairs(event: Event, at: Callable[[float], str | None] = iso) -> str:
+    """An event's data as ``key=value`` pairs (None values left out, times by ``at``)."""
+    return ", ".join(f"{k}={v}" for k, v in event_data(event, at).items() if v is not None)
+
+
 def event_json(event: Event) -> dict[str, Any]:
     """An event as ``show`` prints it."""
-    data = dict(event.data)
-    for key in ("until", "retry_at", "cooldown_until"):
-        if isinstance(data.get(key), int | float):
-            data[key] = iso(data[key])
+    data = event_data(event)
     return {
         "id": str(event.seq),
         "card_id": event.card_id,
@@ -92,13 +107,23 @@ def event_json(event: Event) -> dict[str, Any]:
     }
 
 
-def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
+def _retry_mark(event: Event) -> bool:
+    """An event that sets or ends a retry state (an operator's ``retry`` starts over; other
+    moves keep the count, so they leave the state as it was)."""
+    if event.kind == "moved":
+        return event.data.get("action") == "retry"
+    return event.kind in ("failed", "tempfail", "deferred", "completed", "unblocked")
+
+
+def retry_state(
+    card: Card, events: Sequence[Event], limit: int | None = None
+) -> dict[str, Any] | None:
     """Where the card stands in its retry policy, from the last failure's event: ``attempt``
-    (the try that runs next), ``attempts`` (tries in all), ``next_try_at`` and ``reason``;
-    None for a card that has not failed since its last success or unblock."""
-    kinds = ("failed", "tempfail", "deferred", "completed", "unblocked")
-    last = next((e for e in reversed(events) if e.kind in kinds), None)
-    if last is None or last.kind in ("completed", "unblocked"):
+    (the try that runs next), ``attempts`` (tries in all; ``limit``, the assignee's, when no
+    event and no ``--failure-limit`` says), ``next_try_at`` and ``reason``; None for a card
+    that has not failed since its last success, unblock or ``retry``."""
+    last = next((e for e in reversed(events) if _retry_mark(e)), None)
+    if last is None or last.kind in ("completed", "unblocked", "moved"):
         return None
     data = last.data
     pending = card.status is CardStatus.READY and card.retry_at is not None
@@ -106,7 +131,7 @@ def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
         why = f": {data['reason']}" if data.get("reason") else ""
         return {
             "attempt": card.consecutive_failures + 1,
-            "attempts": card.failure_limit,
+            "attempts": card.failure_limit or limit,
             "counted": False,
             "next_try_at": iso(card.retry_at),
             "deferred_until": iso(data.get("until")),
@@ -114,7 +139,7 @@ def retry_state(card: Card, events: Sequence[Event]) -> dict[str, Any] | None:
         }
     return {
         "attempt": card.consecutive_failures + (1 if pending else 0),
-        "attempts": data.get("attempts") or card.failure_limit,
+        "attempts": data.get("attempts") or card.failure_limit or limit,
         "counted": data.get("counted", last.kind == "failed"),
         "next_try_at": iso(card.retry_at) if pending else None,
         "reason": data.get("reason")
@@ -127,13 +152,15 @@ def show_json(
     runs: Sequence[Run],
     events: Sequence[Event],
     sessions: Mapping[str, Session] | None = None,
+    *,
+    limit: int | None = None,
 ) -> dict[str, Any]:
     """``show --json``: the card's fields plus ``runs``, ``events`` and ``retry``
-    (:func:`retry_state`). ``sessions`` (this host's, by id: see
-    :func:`dispatcher.launch.resources.sessions_of`) adds each run's ``resources``,
-    ``memory_peak`` and ``cpu_time``."""
+    (:func:`retry_state`, ``limit`` the tries its assignee's cards get). ``sessions`` (this
+    host's, by id: see :func:`dispatcher.launch.resources.sessions_of`) adds each run's
+    ``resources``, ``memory_peak`` and ``cpu_time``."""
     doc = card_json(card)
-    doc["retry"] = retry_state(card, events)
+    doc["retry"] = retry_state(card, events, limit)
     doc["runs"] = [run_json(r) for r in runs]
     if sessions is not None:
         for run, entry in zip(runs, doc["runs"], strict=True):
@@ -170,10 +197,12 @@ def card_table(
     times: TimeView | None = None,
     assignees: Collection[str] | None = None,
     waits: Mapping[str, str] | None = None,
+    deferred: Collection[str] = (),
 ) -> list[str]:
     """``list`` as aligned lines; UPDATED is relative (``3h ago``), for scanning. A card
     whose assignee is not among ``assignees`` ends with :data:`UNCONFIGURED_NOTE`; one a full
-    named limit holds back with ``[waiting: limit openai (6 of 6 running)]`` (``waits``)."""
+    named limit holds back with ``[waiting: limit openai (6 of 6 running)]`` (``waits``); one
+    waiting for its next try says so (``deferred``: those their worker deferred)."""
     view = times or TimeView.local()
     lines = [
         f"{'ID':<12}  {'STATUS':<8}  {'PRI':>4}  {'ASSIGNEE':<12}  {'GROUP':<12}  {'FAILS':>5}  "
@@ -187,7 +216,8 @@ def card_table(
             f"{card.id:<12}  {status:<8}  {card.priority:>4}  {_cut(card.assignee, 12):<12}  "
             f"{_cut(card.group or '-', 12):<12}  "
             f"{card.consecutive_failures:>5}  {view.ago(card.updated_at):<10}  "
-            f"{_cut(card.title, 60)}{backing_off(card, view.now)}{waiting(card, waits)}"
+            f"{_cut(card.title, 60)}{backing_off(card, view.now, deferred=card.id in deferred)}"
+            f"{waiting(card, waits)}"
             + (f"  {UNCONFIGURED_NOTE}" if unconfigured(card, assignees) else "")
         )
     return lines
@@ -219,11 +249,13 @@ def show_text(
     hosts: Mapping[str, str | None] | None = None,
     used: Mapping[str, str] | None = None,
     wait: str | None = None,
+    limit: int | None = None,
 ) -> list[str]:
     """``show`` as text: fields, runs, events (times as ``times`` shows them). ``hosts``
     (cluster mode): each run's host, shown after its placement (``host alpha``); ``used``:
     each run's class and use (:func:`dispatcher.launch.resources.resources_text`), on a line
-    of its own below the run; ``wait``: the full named limit the card waits for."""
+    of its own below the run; ``wait``: the full named limit the card waits for; ``limit``:
+    the tries its assignee's cards get."""
     view = times or TimeView.local()
     short = view.at
     lines = [
@@ -246,7 +278,7 @@ def show_text(
         lines.append(f"waiting   {wait}")
     if card.retry_at:
         lines.append(f"retry at  {view.both(card.retry_at)}")
-    lines += _retry_lines(card, events, view)
+    lines += _retry_lines(card, events, view, limit)
     if card.cooldown_until:
         lines.append(f"cooldown  until {view.both(card.cooldown_until)}")
     if card.last_failure_error:
@@ -274,13 +306,15 @@ def show_text(
             lines.append(f"      {used[run.run_id]}")
     lines.append("events")
     for event in events:
-        extra = ", ".join(f"{k}={v}" for k, v in event.data.items() if v is not None)
+        extra = event_pairs(event, short)
         lines.append(f"  {short(event.at)}  {event.kind:<16}  {_cut(extra, 80)}")
     return lines
 
 
-def _retry_lines(card: Card, events: Sequence[Event], view: TimeView) -> list[str]:
-    state = retry_state(card, events)
+def _retry_lines(
+    card: Card, events: Sequence[Event], view: TimeView, limit: int | None
+) -> list[str]:
+    state = retry_state(card, events, limit)
     if state is None:
         return []
     of = f" of {state['attempts']}" if state["attempts"] else ""
@@ -301,11 +335,35 @@ def waiting(card: Card, waits: Mapping[str, str] | None) -> str:
     return f" [waiting: {note}]" if note else ""
 
 
-def backing_off(card: Card, now: float) -> str:
-    """`` [backing off, next try in 40s]`` for a ready card behind its ``retry_at``, else ""."""
-    if card.status is not CardStatus.READY or card.retry_at is None or card.retry_at <= now:
+def retry_pending(card: Card, now: float) -> bool:
+    """Whether ``card`` is ready but behind its ``retry_at`` (backing off, or deferred)."""
+    return card.status is CardStatus.READY and card.retry_at is not None and card.retry_at > now
+
+
+def deferred_cards(
+    cards: Sequence[Card], runs_of: Callable[[str], Sequence[Run]], now: float
+) -> frozenset[str]:
+    """The cards among ``cards`` waiting because their worker deferred them (their latest run
+    ended ``deferred``), as opposed to backing off after a failure. Only waiting cards are
+    looked up (``runs_of``: the store's), so a board of cards that wait for nothing costs
+    nothing."""
+    found = set()
+    for card in cards:
+        if retry_pending(card, now):
+            runs = runs_of(card.id)
+            if runs and runs[-1].outcome == "deferred":  # Outcome.DEFERRED (a StrEnum)
+                found.add(card.id)
+    return frozenset(found)
+
+
+def backing_off(card: Card, now: float, *, deferred: bool = False) -> str:
+    """`` [backing off, next try in 40s]`` for a ready card behind its ``retry_at`` (``[deferred,
+    ...]`` when its worker chose the time), else ""."""
+    if not retry_pending(card, now):
         return ""
-    return f" [backing off, next try {relative(card.retry_at, now)}]"
+    assert card.retry_at is not None
+    why = "deferred" if deferred else "backing off"
+    return f" [{why}, next try {relative(card.retry_at, now)}]"
 
 
 def board_text(
@@ -315,9 +373,10 @@ def board_text(
     times: TimeView | None = None,
     assignees: Collection[str] | None = None,
     waits: Mapping[str, str] | None = None,
+    deferred: Collection[str] = (),
 ) -> list[str]:
-    """A compact view by status (the newest done cards only); unconfigured assignees and
-    cards waiting for a limit marked as in :func:`card_table`."""
+    """A compact view by status (the newest done cards only); unconfigured assignees, cards
+    waiting for a limit and cards waiting for their next try marked as in :func:`card_table`."""
     view = times or TimeView.local()
     lines = ["claiming is PAUSED ('dispatch kanban resume' to resume)"] if paused else []
     for status in BOARD_ORDER:
@@ -332,7 +391,8 @@ def board_text(
                 note = f" [{card.block_kind.value}]"
             elif status is CardStatus.BLOCKED:
                 note = " [breaker]"
-            note += backing_off(card, view.now) + waiting(card, waits)
+            note += backing_off(card, view.now, deferred=card.id in deferred)
+            note += waiting(card, waits)
             if unconfigured(card, assignees):
                 note += f" {UNCONFIGURED_NOTE}"
             group_note = f" [{_cut(card.group, 24)}]" if card.group else ""

@@ -8,9 +8,10 @@ The ``admission:`` section sets, per host, when to hold new claims (kanban) and 
 * ``cpu_pressure``: PSI ``/proc/pressure/cpu`` ``some avg10`` (off unless set).
 
 Each has a resume threshold on the calm side of it (hysteresis: lower for the pressures,
-higher for the floor), and a hold lasts at least ``min_hold``: a host never flips from held to
-taking work faster than that, however its readings jitter around a threshold. Running workers
-are never touched; only new work waits.
+higher for the floor; by default half a pressure threshold and twice the floor), and a hold
+lasts at least ``min_hold``: a host never flips from held to taking work faster than that,
+however its readings jitter around a threshold. Running workers are never touched; only new
+work waits.
 
 :func:`decide` is the one decision: given the readings, the thresholds, the previous state and
 ``now`` (wall seconds, injected), it returns the new :class:`AdmissionState`. A reading that
@@ -58,20 +59,22 @@ class AdmissionSettings:
         doc="Hold new work while PSI memory 'some avg10' (/proc/pressure/memory) is at or "
         "above this (null: ignore memory pressure).",
     )
-    memory_pressure_resume: float = setting(
-        10.0,
-        kind=_RESUME,
-        doc="Take work again once memory pressure is below this (lower than memory_pressure).",
+    memory_pressure_resume: float | None = setting(
+        None,
+        kind=Optional(_RESUME),
+        doc="Take work again once memory pressure is below this (lower than memory_pressure; "
+        "default: half of memory_pressure).",
     )
     memory_available: int | None = setting(
         256 * 2**20,
         kind=Optional(Size(min=0)),
         doc="Hold new work while MemAvailable (/proc/meminfo) is below this (null: no floor).",
     )
-    memory_available_resume: int = setting(
-        512 * 2**20,
-        kind=Size(min=0),
-        doc="Take work again once MemAvailable is at least this (at least memory_available).",
+    memory_available_resume: int | None = setting(
+        None,
+        kind=Optional(Size(min=0)),
+        doc="Take work again once MemAvailable is at least this (at least memory_available; "
+        "default: twice memory_available).",
     )
     cpu_pressure: float | None = setting(
         None,
@@ -91,9 +94,13 @@ class AdmissionSettings:
     )
 
     def check(self) -> None:
-        """Each resume threshold lies on the calm side of its hold threshold."""
-        if self.memory_pressure is not None and self.memory_pressure_resume >= (
-            self.memory_pressure
+        """Each resume threshold set lies on the calm side of its hold threshold (one left
+        out is derived from it, so it always does)."""
+        resume = self.memory_pressure_resume
+        if (
+            self.memory_pressure is not None
+            and resume is not None
+            and resume >= (self.memory_pressure)
         ):
             raise Invalid(
                 "must be below memory_pressure (resume when the pressure has eased)",
@@ -107,13 +114,36 @@ class AdmissionSettings:
                     "must be below cpu_pressure (resume when the pressure has eased)",
                     ("cpu_pressure_resume",),
                 )
-        if self.memory_available is not None and (
-            self.memory_available_resume < self.memory_available
+        floor = self.memory_available_resume
+        if (
+            self.memory_available is not None
+            and floor is not None
+            and floor < (self.memory_available)
         ):
             raise Invalid(
                 "must be at least memory_available (resume when memory is back)",
                 ("memory_available_resume",),
             )
+
+    @property
+    def memory_resume(self) -> float | None:
+        """The memory pressure resume threshold in effect (half of ``memory_pressure`` unless
+        set)."""
+        if self.memory_pressure is None:
+            return None
+        if self.memory_pressure_resume is None:
+            return self.memory_pressure / 2
+        return self.memory_pressure_resume
+
+    @property
+    def available_resume(self) -> int | None:
+        """The ``MemAvailable`` resume floor in effect (twice ``memory_available`` unless
+        set)."""
+        if self.memory_available is None:
+            return None
+        if self.memory_available_resume is None:
+            return 2 * self.memory_available
+        return self.memory_available_resume
 
     @property
     def cpu_resume(self) -> float | None:
@@ -168,13 +198,9 @@ def _over(settings: AdmissionSettings, readings: Readings) -> list[str]:
 def _not_calm(settings: AdmissionSettings, readings: Readings) -> list[str]:
     """Signals not yet back on the calm side of their resume threshold."""
     out = []
-    if settings.memory_pressure is not None and _at_least(
-        readings.memory_pressure, settings.memory_pressure_resume
-    ):
+    if _at_least(readings.memory_pressure, settings.memory_resume):
         out.append("memory_pressure")
-    if settings.memory_available is not None and _below(
-        readings.memory_available, settings.memory_available_resume
-    ):
+    if _below(readings.memory_available, settings.available_resume):
         out.append("memory_available")
     resume = settings.cpu_resume
     if resume is not None and _at_least(readings.cpu_pressure, resume):

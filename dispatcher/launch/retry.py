@@ -207,7 +207,9 @@ class Rule:
         True, kind=Bool(), doc="A retry uses an attempt (false: backs off, no attempt used)."
     )
     name: str | None = setting(
-        None, kind=Optional(Str()), doc="Label in the card's events (default: the rule's criteria)."
+        None,
+        kind=Optional(Str()),
+        doc="Label in a card's events and a fire's history (default: the rule's criteria).",
     )
     resources: ScopeProperties | None = setting(
         None,

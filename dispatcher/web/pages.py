@@ -17,6 +17,7 @@ from starlette.responses import RedirectResponse, Response
 
 from dispatcher.cron.report import attempt_text, history_lines, policy_text
 from dispatcher.kanban.model import MOVE_TARGETS, CardStatus, Run
+from dispatcher.kanban.views import deferred_cards
 from dispatcher.launch.resources import sessions_of, used_text
 from dispatcher.timefmt import TimeView
 from dispatcher.web import views
@@ -73,6 +74,7 @@ def board_context(site: Site, request: Request) -> dict[str, Any]:
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
         waits=source.limit_waits(shown),
+        deferred=deferred_cards(shown, store.runs_of, time.time()),
     )
     context = site.context(request, title="Board", nav="board", stream=f"/live/board?after={seq}")
     context.update(

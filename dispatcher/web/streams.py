@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from dispatcher.kanban.model import CardStatus, Event
+from dispatcher.kanban.views import deferred_cards
 from dispatcher.web import pages, views
 from dispatcher.web.live import Change, Hub, LogFollower
 from dispatcher.web.site import Site
@@ -113,6 +114,7 @@ def board_payload(site: Site, events: tuple[Event, ...] | list[Event], seq: int)
         hosts=source.run_hosts(running) if source.cluster_configured else None,
         assignees=frozenset(source.settings.kanban.assignees),
         waits=source.limit_waits(shown),
+        deferred=deferred_cards(shown, store.runs_of, time.time()),
     )
     now = time.time()
     return {

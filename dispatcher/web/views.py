@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dispatcher.kanban.model import Card, CardStatus, Event, Run
-from dispatcher.kanban.views import BOARD_ORDER, unconfigured
+from dispatcher.kanban.views import BOARD_ORDER, event_pairs, unconfigured
 
 DONE_PAGE = 50
 """Done cards per page of the board."""
@@ -45,6 +45,8 @@ class Tile:
     """A ``todo`` card's parents (what it waits for; the tile links them)."""
     retry_at: float | None = None
     """A ``ready`` card backing off or deferred: when its next try may start."""
+    deferred: bool = False
+    """Its worker chose that time (``kanban defer``), rather than a back-off after a failure."""
     unconfigured: bool = False
     """The card needs an assignee the loaded config does not name (it will not be claimed)."""
     group: str | None = None
@@ -95,10 +97,12 @@ def tile(
     limit_for: Callable[[str], int],
     assignees: Collection[str] | None = None,
     waiting: str | None = None,
+    deferred: bool = False,
 ) -> Tile:
     """A card as the board shows it (``run``: its open run, if any, claimed on ``host``;
     ``limit_for``: the tries an assignee's cards get, ``kanban.limit_for``; ``assignees``: the
-    configured ones, None when unknown; ``waiting``: the full named limit it waits for)."""
+    configured ones, None when unknown; ``waiting``: the full named limit it waits for;
+    ``deferred``: its worker deferred it)."""
     return Tile(
         id=card.id,
         title=card.title,
@@ -116,6 +120,7 @@ def tile(
         host=host if run else None,
         waits_for=card.parents if card.status is CardStatus.TODO else (),
         retry_at=card.retry_at if card.status is CardStatus.READY else None,
+        deferred=deferred,
         unconfigured=unconfigured(card, assignees),
         group=card.group,
         waiting=waiting,
@@ -132,10 +137,12 @@ def tiles(
     hosts: Mapping[str, str | None] | None = None,
     assignees: Collection[str] | None = None,
     waits: Mapping[str, str] | None = None,
+    deferred: Collection[str] = (),
 ) -> list[Tile]:
     """Tiles for ``cards``, each with its open run among ``runs`` (and that run's host);
     a card whose assignee is not among ``assignees`` is marked, one a full limit holds back
-    says which (``waits``)."""
+    says which (``waits``), and one in ``deferred`` is marked so
+    (:func:`dispatcher.kanban.views.deferred_cards`)."""
     open_runs = {run.run_id: run for run in runs if run.open}
     found = []
     for card in cards:
@@ -150,6 +157,7 @@ def tiles(
                 limit_for=limit_for,
                 assignees=assignees,
                 waiting=waiting,
+                deferred=card.id in deferred,
             )
         )
     return found
@@ -186,8 +194,8 @@ def affected_cards(events: Iterable[Event]) -> list[str]:
 
 
 def event_summary(event: Event) -> str:
-    """An event's data as ``key=value`` pairs (None values left out)."""
-    return ", ".join(f"{key}={value}" for key, value in event.data.items() if value is not None)
+    """An event's data as ``key=value`` pairs (None values left out, times in ISO-8601)."""
+    return event_pairs(event)
 
 
 def run_duration(run: Run, now: float) -> float | None:

@@ -464,6 +464,23 @@ def test_a_retry_policy_decision_is_stored_and_honoured_by_the_claim(store: Boar
     assert store.events_of(card_id)[-1].kind == EventKind.GAVE_UP
 
 
+def test_a_workers_report_clears_the_time_its_defer_set(store: BoardStore) -> None:
+    card_id = add(store)
+    run = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).run
+    assert run is not None
+    deferral = {"by": "worker", "until": NOW + 300, "reason": None}
+    store.append_event(
+        card_id,
+        EventKind.DEFERRED,
+        deferral,
+        now=NOW,
+        run_id=run.run_id,
+        fields={"retry_at": NOW + 300},
+    )
+    card = store.worker_move(card_id, run.run_id, CardStatus.DONE, now=NOW + 1)
+    assert (card.status, card.retry_at) == (CardStatus.DONE, None)
+
+
 # -- groups and the claim order ---------------------------------------------------------------
 
 
