@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import http.server
 import json
+import re
 import socket
 import sys
 import threading
@@ -505,6 +506,11 @@ def test_notify_commands_list_retry_and_test(
     assert main(["--config", str(config), "notify", "list", "--json"], environ=env) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["event"], row["channel"], row["state"]) == ("card.added", "hook", "pending")
+    # A list an operator scans: local times and how long ago (docs/cli.md), never raw ISO.
+    assert main(["--config", str(config), "notify", "list"], environ={**env, "TZ": "UTC"}) == 0
+    (_, line) = capsys.readouterr().out.splitlines()
+    assert line.split()[:5] == [row["id"], "hook", "card.added", "pending", "0"]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d UTC \((now|\d+s ago)\)", line.split("  ")[-1]), line
     assert main(["--config", str(config), "notify", "list", "--dead"], environ=env) == 0
     assert capsys.readouterr().out.strip() == "no dead notifications"
     assert main(["--config", str(config), "notify", "retry", row["id"]], environ=env) == 0
