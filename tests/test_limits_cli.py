@@ -123,7 +123,7 @@ def test_a_card_waiting_on_a_limit_says_so_everywhere(rig: Rig) -> None:
     page = rig.client.get("/").text
     assert f"waiting: {WAIT}" in page and ">c-42<" in page
     page = rig.client.get(f"/cards/{card_id}").text
-    assert f"<dt>waiting</dt><dd>{WAIT}</dd>" in page
+    assert f'<p class="wait">waiting: {WAIT}</p>' in page
     assert "<span>group <b>c-42</b></span>" in page
 
 
