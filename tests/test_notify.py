@@ -88,6 +88,13 @@ def test_bad_notify_config_is_one_line_naming_the_key(text: str, words: str) -> 
     assert words in message and "\n" not in message and "passwd" not in message
 
 
+def test_the_deadline_may_be_short_but_not_zero() -> None:
+    # A short deadline is how a drill (or a test) sees a message go dead without waiting.
+    assert _notify("notify: {deadline: 5s}\n").deadline == 5
+    with pytest.raises(ConfigError, match=r"notify\.deadline"):
+        _notify("notify: {deadline: 0}\n")
+
+
 def test_a_command_channel_runs_a_shell_only_when_asked(tmp_path: Path) -> None:
     from dispatcher.notify.sender import deliver
 

@@ -199,7 +199,7 @@ class NotifySettings:
     )
     deadline: float = setting(
         86400.0,
-        kind=Duration(min=60),
+        kind=Duration(min=1),
         doc="Give up retrying a message after this long (it is then dead).",
     )
 
