@@ -396,7 +396,10 @@ def test_bad_input_is_one_problem_and_stores_nothing(site: Site) -> None:
     assert _problem(site.api.get("/sessions/s_ffffffffffff"), 404)
     assert _problem(site.api.get("/runs/r_ffffffffff"), 404)
     assert _problem(site.api.get("/no/such/path"), 404)
-    assert _problem(site.api.request("DELETE", "/cards"), 405)
+    wrong = site.api.request("DELETE", "/cards")
+    assert _problem(wrong, 405) and wrong.headers["allow"] == "GET, HEAD, POST"
+    wrong = site.api.request("PUT", "/cards/c_ffffffffff")
+    assert _problem(wrong, 405) and wrong.headers["allow"] == "GET, HEAD, PATCH"
     ready = site.add("cannot retry a ready card")
     assert _problem(site.api.post(f"/cards/{ready}/retry"), 409)
     assert _problem(site.api.post(f"/cards/{ready}/move", {"status": "running"}), 400)
