@@ -76,8 +76,9 @@ def run_json(run: Run) -> dict[str, Any]:
     }
 
 
-EVENT_TIMES = ("until", "retry_at", "cooldown_until")
-"""Event data keys holding epoch seconds (a deferral's time, the back-off, the cooldown)."""
+EVENT_TIMES = ("until", "retry_at", "cooldown_until", "waited_until")
+"""Event data keys holding epoch seconds (a deferral's time, the back-off, the cooldown, the
+retry time an operator's retry cut short)."""
 
 
 def event_data(event: Event, at: Callable[[float], str | None] = iso) -> dict[str, Any]:
