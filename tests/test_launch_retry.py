@@ -14,6 +14,7 @@ from dispatcher.kanban.model import CardStatus, EventKind
 from dispatcher.kanban.taxonomy import Breaker, after_run
 from dispatcher.launch.outcome import Outcome, Result
 from dispatcher.launch.retry import (
+    ANSWERED,
     Action,
     Backoff,
     Jitter,
@@ -155,6 +156,21 @@ def test_exit_ranges_parse() -> None:
         ("{backoff: {factor: 0.5}}", "kanban.retry.backoff.factor: must be at least 1"),
         ("{backoff: {initial: 1m, max: 10s}}", "kanban.retry.backoff.max: must be at least"),
         ("{backoff: {jitter: some}}", "kanban.retry.backoff.jitter: invalid value"),
+        (
+            "{rules: [{outcomes: [failed, completed]}]}",
+            "kanban.retry.rules[0].outcomes[1]: outcome 'completed' never reaches the retry policy",
+        ),
+        ("{rules: [{outcomes: [deferred]}]}", "outcomes[0]: outcome 'deferred' never reaches"),
+        ("{rules: [{outcomes: [skipped_overlap]}]}", "outcome 'skipped_overlap' never reaches"),
+        (
+            "{rules: [{exit_codes: ['1'], action: fail, counted: false}]}",
+            "kanban.retry.rules[0].counted: counted: false applies to a retry, but action fail "
+            "gives up at once; remove counted, or use action: retry",
+        ),
+        (
+            "{rules: [{outcomes: [oom_killed], action: fail, resources: {memory_max: 1GiB}}]}",
+            "kanban.retry.rules[0].resources: resources apply to the next try, but action fail",
+        ),
         ("{attempts: 4}\n  failure_limit: 3", "kanban.retry.attempts: conflicts with kanban"),
         # Even when failure_limit is spelled out at its default value.
         ("{attempts: 4}\n  failure_limit: 2", "kanban.retry.attempts: conflicts with kanban"),
@@ -166,6 +182,35 @@ def test_bad_retry_config_is_one_line_naming_the_key(retry: str, expected: str) 
     message = info.value.message
     assert expected in message and "\n" not in message, message
     assert info.value.exit_code == 2
+
+
+def test_the_outcomes_rules_may_name_are_those_both_policies_ask_about() -> None:
+    """What the config accepts in ``outcomes`` is exactly what kanban's taxonomy and cron's
+    retries consult the rules for: a rule naming anything else could never match."""
+    from dispatcher.cron.records import RetryKind
+    from dispatcher.cron.retries import after_try
+    from tests.test_cron_retry import fire
+
+    asked = {"kanban": set(), "cron": set()}
+    for outcome in Outcome:
+        probe = Rule(outcomes=(outcome,), action=Action.FAIL, name="probe")
+        rules = RetryPolicy(attempts=3, rules=(probe,))
+        ended = Result(
+            outcome=outcome,
+            exit_code=None,
+            error="e",
+            infrastructure=outcome is Outcome.SPAWN_REFUSED,  # always, by the vocabulary
+        )
+        change = after_run(card(), RUN, ended, Breaker(retry=rules), NOW)
+        if any(data.get("rule") == "probe" for _, data in change.events):
+            asked["kanban"].add(outcome)
+        # A try ends deferred when its worker stored the time on the row.
+        deferred = {"retry_at": NOW + 60, "retry_kind": RetryKind.DEFERRED}
+        row = fire(**deferred) if outcome is Outcome.DEFERRED else fire()
+        verdict = after_try(row, ended, rules, tempfail_limit=10, now=NOW, rng=half)
+        if verdict.why and verdict.why.startswith("probe"):
+            asked["cron"].add(outcome)
+    assert asked["kanban"] == asked["cron"] == ANSWERED
 
 
 def test_retry_config_per_assignee_and_default() -> None:

@@ -51,6 +51,7 @@ from scope.foundation.text import quote
 from scope.resources import ScopeProperties
 
 __all__ = [
+    "ANSWERED",
     "BUILTIN_RULES",
     "Action",
     "Backoff",
@@ -62,6 +63,23 @@ __all__ = [
     "decide",
     "parse_exit_range",
 ]
+
+ANSWERED = frozenset(
+    {
+        Outcome.FAILED,
+        Outcome.TIMED_OUT,
+        Outcome.LOST,
+        Outcome.FAILED_START,
+        Outcome.CONFIG_ERROR,
+        Outcome.OOM_KILLED,
+        Outcome.TEMPFAIL,
+    }
+)
+"""The outcomes a policy's rules are asked about: a try that failed by the worker's own doing.
+Kanban's taxonomy and cron's :mod:`~dispatcher.cron.retries` consult the rules only for these
+(and never for an infrastructure failure); every other outcome is settled before any rule is
+read (``completed``, ``deferred``, ``spawn_refused``, ``reclaimed``, ``replaced``, cron's own
+decisions), so a rule naming one of them could never match and is refused at load."""
 
 Random = Callable[[], float]
 """A random source: returns a float in [0, 1) (``random.Random().random``)."""
@@ -144,11 +162,17 @@ class _Outcomes(Kind):
         if not isinstance(value, list):
             raise Invalid(f"expected a list of outcome names, got {quote(value)}")
         names = {member.value: member for member in Outcome}
+        allowed = ", ".join(o.value for o in Outcome if o in ANSWERED)
         out = []
         for index, item in enumerate(value):
             if item not in names:
-                allowed = ", ".join(names)
                 raise Invalid(f"unknown outcome {quote(item)}; use one of: {allowed}", (index,))
+            if names[item] not in ANSWERED:
+                raise Invalid(
+                    f"outcome {quote(item)} never reaches the retry policy (it is settled "
+                    f"before any rule is read); name one of: {allowed}",
+                    (index,),
+                )
             out.append(names[item])
         return tuple(out)
 
@@ -217,6 +241,22 @@ class Rule:
         doc="A resource class for the next try only, over the worker's own key by key (e.g. "
         "{memory_max: 2GiB} after oom_killed); kanban only for now. See docs/resources.md.",
     )
+
+    def check(self) -> None:
+        """``fail`` ends the tries now: an uncounted retry or a class for the next try
+        contradicts it."""
+        if self.action is Action.FAIL and not self.counted:
+            raise Invalid(
+                "counted: false applies to a retry, but action fail gives up at once; "
+                "remove counted, or use action: retry",
+                ("counted",),
+            )
+        if self.action is Action.FAIL and self.resources is not None:
+            raise Invalid(
+                "resources apply to the next try, but action fail gives up at once; "
+                "remove resources, or use action: retry",
+                ("resources",),
+            )
 
     @property
     def label(self) -> str:
