@@ -353,6 +353,17 @@ def test_tick_dry_run_changes_nothing(cli: Cli) -> None:
     assert report["dispatched"] == [] and cli.dump() == before
 
 
+def test_tick_names_cards_left_for_later_as_waiting_for_room(cli: Cli) -> None:
+    first, second = cli.add("one"), cli.add("two")
+    report = cli.json("kanban", "tick", "--dry-run", "--max", "1")
+    assert isinstance(report, dict) and report["planned"] == [first]
+    # "deferred" stays for existing readers; it is not the outcome of that name.
+    assert report["waiting_for_room"] == report["deferred"] == [second]
+    code, out, _ = cli("kanban", "tick", "--dry-run", "--max", "1")
+    summary = out.splitlines()[-1]
+    assert code == 0 and "1 waiting for room," in summary and "deferred" not in summary
+
+
 def test_a_worker_reports_itself_and_its_exit_is_only_recorded(cli: Cli) -> None:
     code, out, err = cli("kanban", "add", "self-report", "--assignee", "reporter")
     assert code == 0, err

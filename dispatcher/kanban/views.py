@@ -425,7 +425,7 @@ def tick_text(report: TickReport) -> list[str]:
     summary = (
         f"{len(report.dispatched)} started, {len(report.refused)} refused, "
         f"{len(report.reconciled)} finished, {len(report.promoted)} promoted, "
-        f"{len(report.deferred)} deferred, {len(report.guarded)} in cooldown, "
+        f"{len(report.deferred)} waiting for room, {len(report.guarded)} in cooldown, "
         f"{len(report.backing_off)} backing off"
     )
     if report.limited:
