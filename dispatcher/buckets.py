@@ -147,6 +147,10 @@ class Bucket:
         return sum(self.counts.values())
 
 
+Sample = tuple[float, str, tuple[float | None, ...]]
+"""One counted row: when it counts, its label, and its value of each measure (None: none)."""
+
+
 class Tally:
     """Counts and values per bucket of a window, filled one row at a time (a range read streams
     its rows in), then read as :class:`Bucket` records."""
@@ -173,6 +177,33 @@ class Tally:
             Bucket(counts, {name: Spread.of(per[i]) for name, per in self.values.items()})
             for i, counts in enumerate(self.counts)
         ]
+
+
+def tally(win: Window, measures: Sequence[str], samples: Iterable[Sample]) -> list[Bucket]:
+    """Per bucket of ``win``, the ``samples`` in it counted by label and spread by measure
+    (samples outside the window are left out)."""
+    counted = Tally(win, measures)
+    for at, label, values in samples:
+        i = win.index(at)
+        if i is None:
+            continue
+        counted.count(i, label)
+        for name, value in zip(measures, values, strict=True):
+            if value is not None:
+                counted.measure(name, i, value)
+    return counted.buckets()
+
+
+def bucket_of(measures: Sequence[str], samples: Iterable[Sample]) -> Bucket:
+    """All of ``samples`` as one bucket (what :func:`tally` makes of a bucket's samples)."""
+    counts: dict[str, int] = {}
+    values: list[list[float]] = [[] for _ in measures]
+    for _, label, measured in samples:
+        counts[label] = counts.get(label, 0) + 1
+        for mine, value in zip(values, measured, strict=True):
+            if value is not None:
+                mine.append(value)
+    return Bucket(counts, {name: Spread.of(values[m]) for m, name in enumerate(measures)})
 
 
 def buckets_of(

@@ -132,6 +132,8 @@ DISPATCHER_LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
             "dispatcher.paths",
             "dispatcher.timefmt",
             "dispatcher.buckets",
+            "dispatcher.rollup",
+            "dispatcher.rolluptables",
             "dispatcher.envfile",
             "dispatcher.commonsettings",
         ),

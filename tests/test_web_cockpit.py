@@ -45,15 +45,27 @@ def seeded(dash: Dash) -> tuple[Seeded, Window]:
     return seed_small(dash.source.store, start=win.start + FIRST * win.step, step=win.step), win
 
 
-def rects(html: str, chart: str) -> list[dict[str, str]]:
-    """The bars of one chart: x, outcome, count and the link around each."""
+def bars(html: str, chart: str) -> list[dict[str, Any]]:
+    """The bars of one chart: the link, x and numbers (from the hover text) of each."""
     part = html.split(f'id="chart-{chart}"', 1)[1].split("</figure>", 1)[0]
     found = re.findall(
-        r'<a href="([^"]*)"><rect class="f-[^"]*" x="([^"]*)"[^>]*'
-        r'data-outcome="([^"]*)" data-count="([^"]*)"',
-        part,
+        r'<a href="([^"]*)"><rect class="hit" x="([^"]*)"[^>]*data-tip="([^"]*)"', part
     )
-    return [{"href": unescape(h), "x": x, "outcome": o, "count": c} for h, x, o, c in found]
+    return [{"href": unescape(h), "x": x, "counts": counts_of(unescape(t))} for h, x, t in found]
+
+
+def counts_of(tip: str) -> dict[str, int]:
+    """``09:05 to 09:10: 2 (tempfail 1, spawn_refused 1)`` → {tempfail: 1, spawn_refused: 1}."""
+    inside = tip.rsplit(" (", 1)[1].rstrip(")")
+    return {label: int(n) for label, n in (part.split(" ") for part in inside.split(", "))}
+
+
+def drawn(html: str, chart: str) -> dict[str, int]:
+    """How many segments each outcome's outline draws in one chart."""
+    part = html.split(f'id="chart-{chart}"', 1)[1].split("</figure>", 1)[0]
+    return {
+        label: d.count("z") for label, d in re.findall(r'<path class="f-([^"]*)" d="([^"]*)"', part)
+    }
 
 
 def table(html: str, chart: str) -> list[list[str]]:
@@ -66,13 +78,14 @@ def test_the_charts_show_the_seeded_runs_in_their_buckets(dash: Dash) -> None:
     seed, win = seeded(dash)
     html = dash.client.get("/charts?range=1h").text
     slot = svg_slot(win)
-    bars = rects(html, "runs")
-    assert [(float(b["x"]), b["outcome"], b["count"]) for b in bars] == [
-        (round(FIRST * slot, 2), "completed", "1"),
-        (round((FIRST + 1) * slot, 2), "failed", "1"),
-        (round((FIRST + 2) * slot, 2), "tempfail", "1"),
-        (round((FIRST + 2) * slot, 2), "spawn_refused", "1"),
+    runs = bars(html, "runs")
+    assert [(float(b["x"]), b["counts"]) for b in runs] == [
+        (round(FIRST * slot, 2), {"completed": 1}),
+        (round((FIRST + 1) * slot, 2), {"failed": 1}),
+        (round((FIRST + 2) * slot, 2), {"tempfail": 1, "spawn_refused": 1}),
     ]
+    # One outline per outcome, a segment per bar it is in.
+    assert drawn(html, "runs") == {"completed": 1, "failed": 1, "tempfail": 1, "spawn_refused": 1}
     rows = table(html, "runs")
     assert [row[1:] for row in rows] == [
         ["1", "1", "0", "0", "0"],
@@ -89,14 +102,19 @@ def test_the_charts_show_the_seeded_runs_in_their_buckets(dash: Dash) -> None:
     # The depth table has the first interval, each one where a count changed, and now.
     depth = [row[1:] for row in table(html, "depth")]
     assert depth == [["0", "0", "0"], ["0", "1", "0"], ["2", "1", "0"], ["2", "1", "0"]]
-    # A bar lists exactly the runs it counts.
-    failed = dash.client.get(bars[1]["href"]).text
+    # A bar lists exactly the runs it counts, and offers to narrow them to one outcome.
+    failed = dash.client.get(runs[1]["href"]).text
     assert re.findall(r'data-run="([^"]+)"', failed) == [seed.runs["beta1"].run_id]
-    both = dash.client.get(bars[2]["href"].replace("outcome=tempfail", "")).text
+    both = dash.client.get(runs[2]["href"]).text
     assert set(re.findall(r'data-run="([^"]+)"', both)) == {
         seed.runs["beta2"].run_id,
         seed.runs["gamma"].run_id,
     }
+    only = re.findall(r'<p class="outcomes">only: (.*?)</p>', both)[0]
+    narrow = dict((t, unescape(h)) for h, t in re.findall(r'<a href="([^"]*)">([^<]*)</a>', only))
+    assert list(narrow) == ["tempfail", "spawn_refused"]
+    refused = dash.client.get(narrow["spawn_refused"]).text
+    assert re.findall(r'data-run="([^"]+)"', refused) == [seed.runs["gamma"].run_id]
 
 
 def svg_slot(win: Window) -> float:
@@ -105,11 +123,27 @@ def svg_slot(win: Window) -> float:
     return WIDTH / win.count
 
 
+def test_pages_go_gzip_compressed_to_a_browser_that_takes_it(dash: Dash) -> None:
+    seeded(dash)
+    plain = dash.client.get("/charts?range=1h", headers={"Accept-Encoding": "identity"})
+    packed = dash.client.get("/charts?range=1h", headers={"Accept-Encoding": "gzip"})
+    assert "content-encoding" not in plain.headers
+    assert packed.headers["content-encoding"] == "gzip"
+    assert "accept-encoding" in packed.headers["vary"].lower()
+    assert int(packed.headers["content-length"]) * 4 < len(plain.content)
+    figures = re.compile(r'<figure class="chart".*?</figure>', re.S)
+    assert figures.findall(packed.text) == figures.findall(plain.text)
+    # The strict headers stay on a compressed answer; a small one goes as it is.
+    assert "script-src 'self'" in packed.headers["content-security-policy"]
+    small = dash.client.get("/static/icon.svg", headers={"Accept-Encoding": "gzip"})
+    assert small.status_code == 200 and "content-encoding" not in small.headers
+
+
 def test_the_filters_and_the_range_are_in_the_url(dash: Dash) -> None:
     seeded(dash)
     html = dash.client.get("/charts?range=1h&assignee=a").text
-    assert [b["outcome"] for b in rects(html, "runs")] == ["completed", "spawn_refused"]
-    assert "assignee=a" in rects(html, "runs")[0]["href"]
+    assert [b["counts"] for b in bars(html, "runs")] == [{"completed": 1}, {"spawn_refused": 1}]
+    assert "assignee=a" in bars(html, "runs")[0]["href"]
     assert 'aria-current="true">1h<' in html
     # An unknown range is the default one; a bad bar link is a 400 naming the field.
     assert 'aria-current="true">24h<' in dash.client.get("/charts?range=9y").text
@@ -126,9 +160,10 @@ def test_the_board_shows_the_strip(dash: Dash) -> None:
     dash.site.history = HistoryCache()
     html = dash.client.get("/").text
     assert 'id="chart-strip"' in html
-    part = html.split('id="chart-strip"', 1)[1].split("</figure>", 1)[0]
-    found = re.findall(r'data-outcome="([^"]*)" data-count="([^"]*)"', part)
-    shown = {outcome: int(count) for outcome, count in found}
+    shown: dict[str, int] = {}
+    for bar in bars(html, "strip"):
+        for outcome, n in bar["counts"].items():
+            shown[outcome] = shown.get(outcome, 0) + n
     # The board reconciled the open run without a worker (no gateway runs here): lost.
     assert shown == {"completed": 1, "failed": 1, "tempfail": 1, "spawn_refused": 1, "lost": 1}
 
@@ -156,11 +191,14 @@ def test_the_timeline_draws_each_run_from_claim_to_end(dash: Dash) -> None:
     assert zoom and "span=150s" in unescape(zoom.group(1))
 
 
-def blocked_cards(dash: Dash, count: int, title: str = "stuck") -> list[str]:
+def blocked_cards(
+    dash: Dash, count: int, title: str = "stuck", group: str | None = None
+) -> list[str]:
     store = dash.source.store
     ids = []
     for n in range(count):
-        card, _ = store.add_card(NewCard(title=f"{title} {n}", assignee="echo"), now=time.time())
+        new = NewCard(title=f"{title} {n}", assignee="echo", group=group)
+        card, _ = store.add_card(new, now=time.time())
         store.move(card.id, CardStatus.BLOCKED, now=time.time())
         ids.append(card.id)
     return ids
@@ -245,6 +283,34 @@ def test_a_whole_result_is_confirmed_by_its_count(dash: Dash) -> None:
     assert all(dash.source.store.get_card(i).status is CardStatus.BLOCKED for i in ids)
     done = dash.client.post("/search/act", data={**fields, "count": "5", "confirm": "yes"})
     assert "5 of 5 cards unblocked." in done.text
+
+
+def test_search_by_group_shows_it_and_a_bulk_action_takes_that_group_only(dash: Dash) -> None:
+    night = blocked_cards(dash, 3, "night", group="night shift")
+    day = blocked_cards(dash, 2, "day", group="day")
+    loose = blocked_cards(dash, 2, "loose")
+    html = dash.client.get("/search", params={"q": 'group:"night shift"'}).text
+    assert set(re.findall(r'<tr data-card="([^"]*)"', html)) == set(night)
+    groups = re.findall(r'<td class="group">(.*?)</td>', html)
+    assert len(groups) == 3 and all(">night shift</a>" in g for g in groups)
+    # Each shown group links to its own search.
+    link_to = unescape(re.findall(r'<td class="group"><a href="([^"]*)"', html)[0])
+    assert set(re.findall(r'<tr data-card="([^"]*)"', dash.client.get(link_to).text)) == set(night)
+    every = dash.client.get("/search?q=status:blocked").text
+    assert len(re.findall(r'<td class="group">-</td>', every)) == len(loose)
+    dash.sign_in()
+    fields = {
+        "csrf": dash.token("cards.bulk"),
+        "action": "unblock",
+        "scope": "all",
+        "q": "group:day status:blocked",
+        "count": "2",
+        "confirm": "yes",
+    }
+    done = dash.client.post("/search/act", data=fields)
+    assert "2 of 2 cards unblocked." in done.text
+    statuses = {i: dash.source.store.get_card(i).status for i in night + day + loose}
+    assert [i for i, s in statuses.items() if s is not CardStatus.BLOCKED] == day
 
 
 def test_bulk_actions_need_the_secret_and_the_token(dash: Dash) -> None:
@@ -383,6 +449,27 @@ def test_in_cluster_mode_the_timeline_has_a_row_per_host(
             row = html.split(f'data-row="{host}"', 1)[1].split("</svg>", 1)[0]
             assert f'data-run="{run.run_id}"' in row
         charts = board.client.get("/charts?range=1h").text
-        assert sorted(b["outcome"] for b in rects(charts, "runs")) == ["completed", "failed"]
+        assert sorted(o for b in bars(charts, "runs") for o in b["counts"]) == [
+            "completed",
+            "failed",
+        ]
     finally:
         board.close()
+
+
+def test_the_roller_stores_what_settled_and_the_charts_read_it(dash: Dash) -> None:
+    from dispatcher import rollup
+    from dispatcher.web.roller import Roller
+
+    # The seeded board in five-minute buckets, two hours and more ago: long settled.
+    start = (time.time() // 7200 - 2) * 7200
+    seed_small(dash.source.store, start=start, step=300.0)
+    win = Window(start=start, step=300.0, count=24)
+    counted = dash.source.store.run_buckets(win)
+    roller = Roller(dash.source, FakeClock(start + 7200 + rollup.SETTLE))
+    assert roller.round() > 0
+    assert roller.round() == 0
+    with dash.source.reader.db.read() as conn:
+        assert len(rollup.stored(conn, "runs", win)) == 24
+    assert dash.source.store.run_buckets(win) == counted
+    assert [b.total for b in counted[:3]] == [1, 1, 2]

@@ -13,13 +13,15 @@ from dispatcher.cron.tables import COMPONENT as CRON_COMPONENT
 from dispatcher.kanban.tables import COMPONENT as KANBAN_COMPONENT
 from dispatcher.launch.tables import COMPONENT as LIMITS_COMPONENT
 from dispatcher.notify.tables import COMPONENT as NOTIFY_COMPONENT
+from dispatcher.rolluptables import COMPONENT as HISTORY_COMPONENT
 from dispatcher.tokens.tables import COMPONENT as TOKENS_COMPONENT
 from registry.store.database import Component, StateDB
 from registry.store.tables import COMPONENT as REGISTRY_COMPONENT
 
 
 def components() -> list[Component]:
-    """All components, lowest package first."""
+    """All components, lowest package first (the history rollup last: its triggers watch the
+    board's and the ledger's tables)."""
     return [
         REGISTRY_COMPONENT,
         KANBAN_COMPONENT,
@@ -27,6 +29,7 @@ def components() -> list[Component]:
         NOTIFY_COMPONENT,
         TOKENS_COMPONENT,
         LIMITS_COMPONENT,
+        HISTORY_COMPONENT,
     ]
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from dispatcher.cron.tables import DECIDED_INDEX
 from dispatcher.launch.tables import HOLDS_TABLE
+from dispatcher.rolluptables import POSTGRES as HISTORY_ROLLUP
 
 BOARD = """
 CREATE TABLE kanban_cards (
@@ -253,6 +254,7 @@ MIGRATIONS: Sequence[tuple[int, str, str]] = (
     (9, "settled fires that never ran, by decision time", DECIDED_INDEX),
     (10, "runs' ready time; closed runs by end time", RUN_HISTORY),
     (11, "card groups and named limits", GROUPS),
+    (12, "the history rollup, kept exact", HISTORY_ROLLUP),
 )
 """(version, note, SQL) in order; append new steps, never edit a released one."""
 

@@ -182,6 +182,13 @@ class LedgerStore(abc.ABC):
         the end and decision times, never a walk of the ledger."""
 
     @abc.abstractmethod
+    def roll_up(self, now: float, *, spans: int = 12) -> int:
+        """Store the answers of settled buckets of :data:`dispatcher.rollup.STEPS` that have
+        none yet, as :meth:`dispatcher.kanban.abc.BoardStore.roll_up` does for the board: it
+        never changes what :meth:`fire_buckets` answers; how many were stored (0: current; a
+        ledger in memory keeps nothing)."""
+
+    @abc.abstractmethod
     def fires_in(
         self,
         start: float,

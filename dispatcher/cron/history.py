@@ -9,15 +9,18 @@ refused, else, for a decision that never became a worker (``skipped_overlap``, `
 :class:`SqlFireHistory` reads two index ranges (``cron_fires_ended`` on the end time;
 ``cron_fires_decided``, a partial index of the rows without one, on the decision time) and
 streams them through :func:`fire_tally`, as the in-memory ledger streams its records
-(:func:`fire_buckets`); :func:`fires_in` is the same list over records.
+(:func:`fire_buckets`), for the buckets the rollup does not hold (:mod:`dispatcher.rollup`:
+the stored answers of settled buckets, whole and per job); :func:`fires_in` is the same list
+over records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from dispatcher.buckets import Bucket, Tally, Window
+from dispatcher import rollup
+from dispatcher.buckets import Bucket, Sample, Window, tally
 from dispatcher.cron.records import FireRecord, Kind, Status
 
 __all__ = ["FireRow", "SqlFireHistory", "fire_buckets", "fire_tally", "fire_time", "fires_in"]
@@ -35,23 +38,27 @@ FireRow = tuple[float, str, str, float | None, float | None, float | None, float
 ended_at)."""
 
 
-def fire_tally(win: Window, rows: Iterable[FireRow]) -> list[Bucket]:
-    """Per bucket, the settled fires counted at their time (:func:`fire_time`): counts by
-    outcome, ``lag`` (due → start, scheduled fires) and ``run`` (start → end). Every ledger
-    streams its rows through this one function."""
-    tally = Tally(win, ("lag", "run"))
+MEASURES = ("lag", "run")
+"""The spreads of a bucket of fires."""
+
+
+def fire_samples(rows: Iterable[FireRow]) -> Iterator[Sample]:
+    """Settled fires as samples counted at their time (:func:`fire_time`), by outcome: ``lag``
+    (due → start, scheduled fires) and ``run`` (start → end) of those that ended. Every ledger
+    reads its fires through this one rule."""
     for at, outcome, kind, due, actual, started, ended in rows:
-        i = win.index(at)
-        if i is None:
-            continue
-        tally.count(i, outcome)
-        if ended is None:
-            continue
-        if kind == Kind.SCHEDULE.value and actual is not None and due is not None:
-            tally.measure("lag", i, max(0.0, actual - due))
-        if started is not None:
-            tally.measure("run", i, ended - started)
-    return tally.buckets()
+        lag = run = None
+        if ended is not None:
+            if kind == Kind.SCHEDULE.value and actual is not None and due is not None:
+                lag = max(0.0, actual - due)
+            if started is not None:
+                run = ended - started
+        yield at, outcome, (lag, run)
+
+
+def fire_tally(win: Window, rows: Iterable[FireRow]) -> list[Bucket]:
+    """Per bucket, the settled fires counted at their time (:func:`fire_samples`)."""
+    return tally(win, MEASURES, fire_samples(rows))
 
 
 def fire_buckets(win: Window, fires: Iterable[FireRecord], job_id: str | None) -> list[Bucket]:
@@ -94,6 +101,8 @@ class SqlFireHistory:
     """The ledger's history reads in SQL (mixed into :class:`dispatcher.cron.ledger.Ledger`)."""
 
     db: Any
+    rollup_steps: tuple[float, ...] = rollup.STEPS
+    """The steps whose buckets :meth:`roll_up` stores (tests roll up shorter ones)."""
 
     def _ranges(self, job_id: str | None) -> list[tuple[str, str, list[Any]]]:
         """(time column, condition on it, extra parameters) of the two index ranges."""
@@ -111,14 +120,55 @@ class SqlFireHistory:
     def fire_buckets(self, window: Window, *, job_id: str | None = None) -> list[Bucket]:
         """See :meth:`dispatcher.cron.abc.LedgerStore.fire_buckets`."""
         with self.db.read() as conn:
-            rows: list[FireRow] = []
-            for column, inside, extra in self._ranges(job_id):
-                rows += conn.execute(
-                    f"SELECT {column}, outcome, kind, due_at, actual, started_at, ended_at"  # noqa: S608
-                    f" FROM cron_fires WHERE {inside} AND status = 'done' AND outcome IS NOT NULL",
-                    [window.start, window.end, *extra],
-                ).fetchall()
-        return fire_tally(window, rows)
+            found = {}
+            if rollup.rolled(window, self.rollup_steps):
+                found = {
+                    i: rollup.decode_split(text, job_id)
+                    for i, text in rollup.stored(conn, "fires", window).items()
+                }
+            return rollup.assemble(
+                window,
+                found,
+                lambda w: fire_tally(
+                    w, (tuple(row[:7]) for row in self._fire_rows(conn, w, job_id))
+                ),
+            )
+
+    def _fire_rows(self, conn: Any, window: Window, job_id: str | None) -> list[Any]:
+        """The settled fires (of ``job_id``) whose time is in ``window``, as :data:`FireRow`
+        followed by the job's id."""
+        rows: list[Any] = []
+        for column, inside, extra in self._ranges(job_id):
+            rows += conn.execute(
+                f"SELECT {column}, outcome, kind, due_at, actual, started_at, ended_at,"  # noqa: S608
+                f" job_id FROM cron_fires WHERE {inside} AND status = 'done'"
+                " AND outcome IS NOT NULL",
+                [window.start, window.end, *extra],
+            ).fetchall()
+        return rows
+
+    def roll_up(self, now: float, *, spans: int = 12) -> int:
+        """See :meth:`dispatcher.cron.abc.LedgerStore.roll_up`."""
+        with self.db.read() as conn:
+            # The first row's decision, a span early: rows come roughly in decision order.
+            first = conn.execute("SELECT decided_at FROM cron_fires ORDER BY id LIMIT 1").fetchone()
+            oldest = None if first is None else float(first[0]) - rollup.span_of(self.rollup_steps)
+            todo = rollup.todo(conn, ("fires",), now, self.rollup_steps, oldest)
+        return rollup.roll(self.db, todo[: max(0, spans)], self._roll_span, ("fires",), now)
+
+    def _roll_span(self, conn: Any, wanted: list[tuple[float, float]]) -> int:
+        """Count and store the answers of ``wanted`` buckets (one span's) that are still
+        missing, inside the caller's write transaction (see :mod:`dispatcher.rollup`)."""
+        fine = rollup.fine_window(wanted, self.rollup_steps)
+        have = rollup.present(conn, "fires", self.rollup_steps, fine.start, fine.end)
+        missing = [bucket for bucket in wanted if bucket not in have]
+        rows = self._fire_rows(conn, fine, None)
+        keyed = zip(
+            (str(row[7]) for row in rows),
+            fire_samples(tuple(row[:7]) for row in rows),
+            strict=True,
+        )
+        return rollup.store(conn, "fires", rollup.split_answers(fine, MEASURES, keyed, missing))
 
     def fires_in(
         self,

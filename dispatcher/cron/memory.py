@@ -293,6 +293,9 @@ class MemoryLedger(LedgerStore):
     def fire_buckets(self, window: Window, *, job_id: str | None = None) -> list[Bucket]:
         return history.fire_buckets(window, self._records(), job_id)
 
+    def roll_up(self, now: float, *, spans: int = 12) -> int:
+        return 0
+
     def fires_in(
         self,
         start: float,

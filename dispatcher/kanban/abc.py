@@ -322,6 +322,15 @@ class BoardStore(abc.ABC):
         bucket's end. A range read of the events in the window, not of the whole log."""
 
     @abc.abstractmethod
+    def roll_up(self, now: float, *, spans: int = 12) -> int:
+        """Store the answers of settled buckets of :data:`dispatcher.rolluptables.STEPS` that
+        have none yet (newest first, at most ``spans`` spans of two hours, in short write
+        transactions; forgetting those past the horizon) and return how many were stored: 0
+        when the rollup is current. It never changes what :meth:`run_buckets` and
+        :meth:`status_flows` answer, only how much they count (:mod:`dispatcher.rollup`); a
+        store that counts in memory keeps nothing and returns 0."""
+
+    @abc.abstractmethod
     def runs_in(
         self,
         start: float,

@@ -19,14 +19,14 @@ of this module, the SQL stores in SQL (:mod:`dispatcher.kanban.sqlhistory`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 # The buckets and the outcome vocabulary are imported where they are used: the board store
 # reads READY_KINDS for every claim, and every short write command loads it (issue 26).
 if TYPE_CHECKING:
-    from dispatcher.buckets import Bucket, Flows, Window
+    from dispatcher.buckets import Bucket, Flows, Sample, Window
     from dispatcher.kanban.model import Card, Event, Run
 
 RUNNING, READY, BLOCKED = "running", "ready", "blocked"
@@ -107,23 +107,26 @@ RunRow = tuple[float, str, float, float | None, float | None]
 """A closed run as the charts read it: (ended_at, outcome, claimed_at, started_at, ready_at)."""
 
 
-def run_tally(win: Window, rows: Iterable[RunRow]) -> list[Bucket]:
-    """Per bucket, the closed runs that ended in it: counts by outcome, and of those whose
-    worker started, the spreads ``wait`` (ready → running: from ``ready_at``, or the claim on
-    rows older than that column) and ``run`` (running → end). Every store streams its rows
-    through this one function."""
-    from dispatcher.buckets import Tally
+MEASURES = ("wait", "run")
+"""The spreads of a bucket of runs."""
 
-    tally = Tally(win, ("wait", "run"))
+
+def run_samples(rows: Iterable[RunRow]) -> Iterator[Sample]:
+    """Closed runs as samples counted when they ended, by outcome: of those whose worker
+    started, ``wait`` (ready → running: from ``ready_at``, or the claim on rows older than that
+    column) and ``run`` (running → end). Every store reads its runs through this one rule."""
     for ended, outcome, claimed, started, ready in rows:
-        i = win.index(ended)
-        if i is None:
-            continue
-        tally.count(i, outcome)
-        if started is not None:
-            tally.measure("wait", i, started - (claimed if ready is None else ready))
-            tally.measure("run", i, ended - started)
-    return tally.buckets()
+        if started is None:
+            yield ended, outcome, (None, None)
+        else:
+            yield ended, outcome, (started - (claimed if ready is None else ready), ended - started)
+
+
+def run_tally(win: Window, rows: Iterable[RunRow]) -> list[Bucket]:
+    """Per bucket, the closed runs that ended in it (:func:`run_samples`)."""
+    from dispatcher.buckets import tally
+
+    return tally(win, MEASURES, run_samples(rows))
 
 
 def run_buckets(

@@ -6,7 +6,7 @@ One search box takes words and terms (docs/web.md, "Search")::
     c_3f9a  id:3f9a            the id starts with this (the c_ is optional)
     assignee:build  a:build    the card's assignee
     status:blocked,ready       one of these statuses (archived cards only when asked for)
-    group:nightly              the card's group
+    group:nightly              the card's group (group:"night shift" when it has blanks)
     changed:24h  created:7d    last changed / created within this long before now
 
 :func:`parse` turns the text into a :class:`CardQuery` (a term it cannot read is
@@ -31,7 +31,8 @@ from scope.foundation.values import Invalid, parse_duration
 PAGE = 50
 MAX_PAGE = 500
 MAX_TERMS = 20
-_TOKEN = re.compile(r'"([^"]*)"?|(\S+)')
+_TOKEN = re.compile(r'(?:(\w+):)?"([^"]*)"?|(\S+)')
+"""A phrase in quotes (a term's value in quotes: ``group:"night shift"``), or a word."""
 _HEX = re.compile(r"[0-9a-f]{1,10}")
 
 
@@ -101,11 +102,18 @@ def parse(
     """The query ``text`` asks for (BadQuery names the first term that cannot be read)."""
     words: list[str] = []
     found: dict[str, object] = {}
-    tokens = [(m.group(1), m.group(2)) for m in _TOKEN.finditer(text or "")]
+    tokens = list(_TOKEN.finditer(text or ""))
     if len(tokens) > MAX_TERMS:
         raise BadQuery(text[:60], f"at most {MAX_TERMS} words and terms")
-    for phrase, token in tokens:
-        if phrase is not None:
+    for match in tokens:
+        named, phrase, token = match.groups()
+        if named is not None and named.lower() in _TERMS:
+            key, parsed = _TERMS[named.lower()](match.group(0), phrase.strip(), now)
+            found[key] = parsed
+            continue
+        if named is not None:
+            token = match.group(0)  # an unknown name: the whole of it is a word
+        elif phrase is not None:
             if phrase.strip():
                 words.append(phrase.strip())
             continue

@@ -74,11 +74,18 @@ class Painter:
     def __init__(self, win: Window, environ: Any) -> None:
         self.win = win
         self.zone = viewer_zone(environ)
+        self._named: dict[float, str] = {}
 
     def when(self, start: float) -> str:
-        """A bucket as people read it: ``09:05 to 09:10``."""
-        step = self.win.step
-        return f"{svg.stamp(start, self.zone, step)} to {svg.stamp(start + step, self.zone, step)}"
+        """A bucket as people read it: ``09:05 to 09:10`` (named once per page: every chart,
+        hover and table row of a bucket says the same)."""
+        named = self._named.get(start)
+        if named is None:
+            step = self.win.step
+            stamp = svg.stamp
+            named = f"{stamp(start, self.zone, step)} to {stamp(start + step, self.zone, step)}"
+            self._named[start] = named
+        return named
 
     def stacked(
         self,
@@ -86,16 +93,15 @@ class Painter:
         title: str,
         note: str,
         counts: Sequence[Bucket],
-        href: Callable[[float, str], str],
-        *,
-        whole: bool = False,
+        href: Callable[[float], str],
     ) -> svg.Chart:
-        """A stacked bar chart of each bucket's counts by label (``whole``: a bar is one link
-        to all it counts, not a link per label)."""
-        columns, labels, top = svg.bars(
-            self.win, [b.counts for b in counts], href=href, when=self.when, whole=whole
+        """A stacked bar chart of each bucket's counts by label, a bar a link to all it
+        counts (``href(start)``)."""
+        columns, paths, labels, top = svg.bars(
+            self.win, [b.counts for b in counts], href=href, when=self.when
         )
         chart = svg.Chart(ident, title, note, "bars", str(top), columns=columns, legend=labels)
+        chart.paths = paths
         chart.ticks = svg.ticks(self.win.start, self.win.end, self.zone, self.win.step)
         chart.headers = ["interval", "total", *labels]
         chart.rows = [
@@ -184,23 +190,13 @@ def _draw(site: Site, chosen: dict[str, Any], win: Window, now: float) -> Any:
     counts, flows = history.status_flows(cache, source.store, win)
     paint = Painter(win, source.environ)
 
-    def runs_href(start: float, outcome: str) -> str:
-        return link(
-            "/charts/runs",
-            start=f"{start:.0f}",
-            end=f"{start + win.step:.0f}",
-            outcome=outcome,
-            assignee=chosen["assignee"],
-        )
+    def runs_href(start: float) -> str:
+        end = f"{start + win.step:.0f}"
+        return link("/charts/runs", start=f"{start:.0f}", end=end, assignee=chosen["assignee"])
 
-    def fires_href(start: float, outcome: str) -> str:
-        return link(
-            "/charts/fires",
-            start=f"{start:.0f}",
-            end=f"{start + win.step:.0f}",
-            outcome=outcome,
-            job=chosen["job"],
-        )
+    def fires_href(start: float) -> str:
+        end = f"{start + win.step:.0f}"
+        return link("/charts/fires", start=f"{start:.0f}", end=end, job=chosen["job"])
 
     who = f" of {chosen['assignee']}" if chosen["assignee"] else ""
     job = f" of {chosen['job']}" if chosen["job"] else ""
@@ -255,12 +251,11 @@ def strip(site: Site, now: float | None = None) -> Any:
             return None
         paint = Painter(win, site.source.environ)
 
-        def href(start: float, outcome: str) -> str:
-            end = f"{start + win.step:.0f}"
-            return link("/charts/runs", start=f"{start:.0f}", end=end, outcome=outcome)
+        def href(start: float) -> str:
+            return link("/charts/runs", start=f"{start:.0f}", end=f"{start + win.step:.0f}")
 
         title = "Runs finished per hour, last 24 h"
-        chart = paint.stacked("strip", title, "", runs, href, whole=True)
+        chart = paint.stacked("strip", title, "", runs, href)
         return site.renderer.markup("_chart.html", "chart", chart, False)
 
     return site.history.memo(("strip", win.start), draw)
@@ -300,13 +295,23 @@ def bar_context(site: Site, request: Request, what: str) -> dict[str, Any]:
     span = f"{svg.stamp(start, zone, 3600)} to {svg.stamp(end, zone, 3600)}"
     title = f"{'Runs' if what == 'runs' else 'Cron fires'}{scope}, {outcome or 'any outcome'}"
     context = site.context(request, title=title, nav="charts")
+    items = found[:LISTED]
+    kept = {k: v for k, v in query.items() if k != "outcome"}
+    seen = (line.run.outcome for line in items) if what == "runs" else (f.outcome for f in items)
     context.update(
         what=what,
         heading=title,
         span=span,
-        items=found[:LISTED],
+        items=items,
         more=len(found) > LISTED,
         shown=LISTED,
+        # Narrow the bar's list to one of its outcomes (a bar is one link to all of them).
+        outcomes=[
+            (label, link(request.url.path, **kept, outcome=label))
+            for label in buckets.order_outcomes(str(getattr(o, "value", o)) for o in seen if o)
+        ]
+        if outcome is None
+        else [("any outcome", link(request.url.path, **kept))],
     )
     return context
 

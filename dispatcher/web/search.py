@@ -110,11 +110,18 @@ def search_context(site: Site, request: Request, now: float | None = None) -> di
         if query.offset + query.limit < page.total
         else None,
         here=at(),
+        in_group=in_group,
         actions=ACTIONS,
         move_targets=[s.value for s in MOVE_TARGETS],
         most=MOST,
     )
     return context
+
+
+def in_group(group: str) -> str:
+    """The search for the cards of ``group`` (quoted when it has blanks)."""
+    term = f'group:"{group}"' if any(c.isspace() for c in group) else f"group:{group}"
+    return link("/search", q=term)
 
 
 def _toggles(query: CardQuery, key: SortKey) -> bool:

@@ -2,10 +2,10 @@
 timeline. Plain numbers in, plain records out; the templates turn them into SVG elements.
 
 Nothing here is script or style: shapes carry a class (their colour is the stylesheet's, so the
-dark theme and the strict Content-Security-Policy both hold) and their numbers as text (a
-``<title>`` every browser shows on hover, and ``data-`` attributes the page's script shows at
-once and the tests read). Coordinates are in the drawing's own units (:data:`WIDTH` wide); the
-stylesheet scales the drawing to the page.
+dark theme and the strict Content-Security-Policy both hold); each interval's numbers are text
+on the transparent column over it (``data-tip``, which the page's script shows on hover).
+Coordinates are in the drawing's own units (:data:`WIDTH` wide); the stylesheet scales the
+drawing to the page.
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ TICKS = 6
 
 @dataclass(frozen=True)
 class Segment:
-    """One label's part of a stacked bar (a link to what it counts)."""
+    """One label's part of a stacked bar."""
 
     label: str
     count: int
     y: float
     height: float
-    href: str
 
 
 @dataclass(frozen=True)
 class Column:
-    """One bucket of a chart: where it is drawn and what it holds."""
+    """One bucket of a chart: where it is, what it holds, its numbers as text (the hover's)
+    and, for a bar, the link to what it counts."""
 
     start: float
     x: float
@@ -45,7 +45,15 @@ class Column:
     tip: str
     segments: tuple[Segment, ...] = ()
     href: str = ""
-    """One link for the whole column (the segments then have none)."""
+
+
+@dataclass(frozen=True)
+class Path:
+    """Every bar segment of one label, as one outline (one element per label, not per bar:
+    a day of five-minute bars stays a few dozen kilobytes)."""
+
+    label: str
+    d: str
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ class Chart:
     top: str
     """The value at the top of the plot, as text."""
     columns: list[Column] = field(default_factory=list)
+    paths: list[Path] = field(default_factory=list)
     lines: list[Line] = field(default_factory=list)
     ticks: list[Tick] = field(default_factory=list)
     legend: list[str] = field(default_factory=list)
@@ -138,22 +147,22 @@ def bars(
     win: Window,
     counts: Sequence[Mapping[str, int]],
     *,
-    href: Callable[[float, str], str],
+    href: Callable[[float], str],
     when: Callable[[float], str],
-    whole: bool = False,
-) -> tuple[list[Column], list[str], int]:
-    """Stacked bars of each bucket's counts (labels in the vocabulary's order), the labels
-    drawn, and the scale's top. ``href(start, label)`` links a segment to what it counts (with
-    ``whole``, ``href(start, "")`` links the whole column instead), ``when(start)`` names a
-    bucket."""
+) -> tuple[list[Column], list[Path], list[str], int]:
+    """Stacked bars of each bucket's counts (labels in the vocabulary's order): the columns
+    (``href(start)`` links a bar to what it counts, ``when(start)`` names its bucket), the
+    drawn segments as one :class:`Path` per label, the labels, and the scale's top."""
     labels = order_outcomes(label for bucket in counts for label in bucket)
     top = int(nice(max((sum(b.values()) for b in counts), default=0)))
     slot = WIDTH / win.count
     columns = []
+    outlines: dict[str, list[str]] = {label: [] for label in labels}
     for start, bucket in zip(win.edges(), counts, strict=True):
         total = sum(bucket.values())
         if not total:
             continue
+        x = round((start - win.start) / win.step * slot, 2)
         base = HEIGHT
         segments = []
         for label in labels:
@@ -161,14 +170,22 @@ def bars(
             if n:
                 height = n / top * HEIGHT
                 base -= height
-                link = "" if whole else href(start, label)
-                segments.append(Segment(label, n, round(base, 2), round(height, 2), link))
+                segment = Segment(label, n, round(base, 2), round(height, 2))
+                segments.append(segment)
+                outlines[label].append(
+                    f"M{_num(x)} {_num(segment.y)}h{_num(round(slot, 2))}"
+                    f"v{_num(segment.height)}h-{_num(round(slot, 2))}z"
+                )
         parts = ", ".join(f"{s.label} {s.count}" for s in segments)
         tip = f"{when(start)}: {total} ({parts})"
-        x = round((start - win.start) / win.step * slot, 2)
-        column = href(start, "") if whole else ""
-        columns.append(Column(start, x, round(slot, 2), tip, tuple(segments), column))
-    return columns, labels, top
+        columns.append(Column(start, x, round(slot, 2), tip, tuple(segments), href(start)))
+    paths = [Path(label, "".join(outlines[label])) for label in labels]
+    return columns, paths, labels, top
+
+
+def _num(value: float) -> str:
+    """A coordinate as short as it reads (``3.3``, ``150``)."""
+    return f"{value:g}"
 
 
 def lines(

@@ -29,6 +29,8 @@ OUTCOMES = (
 """(run outcome, share, the kind of the event its close writes)."""
 ASSIGNEES = ("build", "test", "deploy", "report", "sync")
 JOBS = ("nightly", "hourly", "backup", "rotate", "digest")
+GROUPS = 40
+"""Card groups (``customer-0`` ...): a third of the cards are in one."""
 
 
 def _outcome(rng: random.Random) -> tuple[str, str | None]:
@@ -92,7 +94,7 @@ def fill(
     with open_state(state) as db, db.write() as conn:
         conn.executemany(
             "INSERT INTO kanban_cards (id, title, body, assignee, status, priority, created_at,"
-            " updated_at, completed_at) VALUES (?, ?, '', ?, ?, ?, ?, ?, ?)",
+            " updated_at, completed_at, group_name) VALUES (?, ?, '', ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     card,
@@ -103,6 +105,8 @@ def fill(
                     start + n * gap - 1,
                     last[card][1],
                     last[card][1] if last[card][0] == "completed" else None,
+                    # A third of the cards in one of GROUPS customers' groups.
+                    f"customer-{n % GROUPS}" if n % 3 == 0 else None,
                 )
                 for n, card in enumerate(card_rows)
             ],

@@ -134,13 +134,16 @@ class WebProcess:
 
 
 class SseReader:
-    """Reads one Server-Sent Events stream in a thread; :meth:`next` returns its events."""
+    """Reads one Server-Sent Events stream in a thread; :meth:`next` returns its events. It
+    takes gzip as a browser does, so a stream that got compressed (and held back in the
+    compressor) shows as a ``content-encoding`` header and as late events."""
 
     def __init__(self, url: str, headers: Mapping[str, str] | None = None) -> None:
         parts = urllib.parse.urlsplit(url)
         self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
         path = parts.path + (f"?{parts.query}" if parts.query else "")
-        self.conn.request("GET", path, headers=dict(headers or {}))
+        asked = {"Accept-Encoding": "gzip, deflate, br", **(headers or {})}
+        self.conn.request("GET", path, headers=asked)
         self.response = self.conn.getresponse()
         self.status = self.response.status
         self.headers = {name.lower(): value for name, value in self.response.getheaders()}
