@@ -136,6 +136,49 @@ def test_the_first_matching_rule_wins(ranges: list[tuple[int, int]]) -> None:
             assert sample.match(Outcome.FAILED, code) is first
 
 
+ranges = st.lists(
+    st.tuples(st.integers(0, 255), st.integers(0, 255)).map(lambda r: (min(r), max(r))),
+    max_size=3,
+).map(tuple)
+rules = st.builds(
+    Rule,
+    exit_codes=ranges,
+    outcomes=st.lists(st.sampled_from(sorted(ANSWERED)), max_size=3, unique=True).map(tuple),
+)
+TRIES = [(o, code) for o in sorted(ANSWERED) for code in (None, *range(256))]
+
+
+@given(rules, rules)
+def test_a_rule_covers_another_exactly_when_it_matches_every_try_the_other_would(
+    first: Rule, later: Rule
+) -> None:
+    escapes = [t for t in TRIES if later.matches(*t) and not first.matches(*t)]
+    assert first.covers(later) is (not escapes)
+
+
+@pytest.mark.parametrize(
+    ("rules_text", "ok"),
+    [
+        # The sample: exit-code rules never cover an outcome rule (a signal has no code).
+        ("[{exit_codes: ['2', '64-77'], action: fail}, {outcomes: [timed_out]}]", True),
+        ("[{outcomes: [lost]}, {outcomes: [lost, failed]}]", True),
+        ("[{exit_codes: ['64-77']}, {exit_codes: ['75'], counted: false}]", False),
+        ("[{action: fail}, {outcomes: [lost], action: retry}]", False),
+        ("[{outcomes: [lost, failed]}, {outcomes: [lost], exit_codes: ['3']}]", False),
+    ],
+)
+def test_a_rule_that_never_applies_is_refused(rules_text: str, ok: bool) -> None:
+    text = f"kanban:\n  retry: {{rules: {rules_text}}}\n"
+    if ok:
+        parse_config(text, "c.yaml")
+        return
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "c.yaml")
+    message = info.value.message
+    assert "c.yaml:2: kanban.retry.rules[1]: never applies: rules[0] before it matches" in message
+    assert "move it above rules[0] or remove it" in message and "\n" not in message
+
+
 def test_exit_ranges_parse() -> None:
     assert parse_exit_range("64-77") == (64, 77)
     assert parse_exit_range(2) == (2, 2)

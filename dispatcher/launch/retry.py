@@ -270,6 +270,16 @@ class Rule:
             parts.append(f"exit {codes}")
         return "rule " + (" ".join(parts) or "(any)")
 
+    def covers(self, later: Rule) -> bool:
+        """Whether this rule matches every try ``later`` would (of those a policy is asked
+        about, :data:`ANSWERED`, with any exit code or none): placed after this one, ``later``
+        never decides (the first match wins)."""
+        if not set(later.outcomes or ANSWERED) <= set(self.outcomes or ANSWERED):
+            return False
+        if not self.exit_codes:
+            return True
+        return bool(later.exit_codes) and _codes(later.exit_codes) <= _codes(self.exit_codes)
+
     def matches(self, outcome: Outcome, exit_code: int | None) -> bool:
         """Whether the try that ended with ``outcome``/``exit_code`` falls under this rule."""
         if self.outcomes and outcome not in self.outcomes:
@@ -279,6 +289,10 @@ class Rule:
                 return False
             return any(low <= exit_code <= high for low, high in self.exit_codes)
         return True
+
+
+def _codes(ranges: tuple[tuple[int, int], ...]) -> frozenset[int]:
+    return frozenset(code for low, high in ranges for code in range(low, high + 1))
 
 
 BUILTIN_RULES: tuple[Rule, ...] = (
@@ -310,6 +324,21 @@ class RetryPolicy:
     rules: tuple[Rule, ...] = setting(
         (), kind=ListOf(Record(Rule)), doc="Rules by exit code or outcome; first match wins."
     )
+
+    def check(self) -> None:
+        """Every configured rule can decide: none comes after one that already matches every
+        try it would (it could never apply)."""
+        for index, later in enumerate(self.rules):
+            first = next(
+                (i for i, rule in enumerate(self.rules[:index]) if rule.covers(later)), None
+            )
+            if first is not None:
+                raise Invalid(
+                    f"never applies: rules[{first}] before it matches every try this rule "
+                    f"would (the first matching rule decides); move it above rules[{first}] "
+                    "or remove it",
+                    ("rules", index),
+                )
 
     def match(self, outcome: Outcome, exit_code: int | None) -> Rule | None:
         """The first configured rule, then built-in rule, matching; None when none does."""
