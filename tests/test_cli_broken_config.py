@@ -137,6 +137,10 @@ def test_views_mark_what_they_cannot_know(home: Home, tmp_path: Path) -> None:
     assert "config not loaded" in placement
     doc = json.loads(home.run("status", "--json").stdout)
     assert doc["next_cron_fires"] is None and doc["cron_jobs_known"] == ["tick"]
+    limits = home.run("limits")
+    assert limits.returncode == 0 and "no limits are configured" not in limits.stdout
+    assert limits.stdout.startswith("limits: unknown (config not loaded")
+    assert json.loads(home.run("limits", "--json").stdout) is None
     # A state dir that has seen no fire yet: the configured jobs are unknown, not absent.
     empty = home.run("--state-dir", str(tmp_path / "fresh"), "cron", "list")
     assert empty.returncode == 0, empty.stderr

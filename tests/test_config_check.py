@@ -103,3 +103,33 @@ def test_a_program_not_on_path_is_a_warning_with_its_line(tmp_path: Path) -> Non
     )
     path.write_text(text)
     assert "cron.jobs[0]" not in check(path).stderr
+
+
+NOTIFY = """\
+notify:
+  channels:
+    local: {command: ["/bin/cat"]}
+  rules:
+    - {on: [card.blocked, cron.failed], to: [local]}
+    - on: [card.review]
+      assignees: [coder]
+      to: [%s]
+"""
+
+
+def test_notify_rules_written_with_a_bare_on_key_are_checked_like_any_key(
+    tmp_path: Path,
+) -> None:
+    # YAML 1.1 reads a bare `on:` as the boolean true; the issue's own example writes it so.
+    path = tmp_path / "config.yaml"
+    path.write_text(NOTIFY % "local")
+    done = check(path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    path.write_text(NOTIFY % "pagr")
+    done = check(path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"dispatch: error: {path}:8: notify.rules[1].to[0]: unknown channel 'pagr'; define it"
+        " under notify.channels"
+    ]

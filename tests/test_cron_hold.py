@@ -23,6 +23,7 @@ from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.launch.claimant import Claimant
 from dispatcher.launch.limits import LimitSpec, Rate
 from dispatcher.launch.outcome import Outcome, Result
+from registry.fake import FakeRegistry
 from tests.test_cron_scheduler import World, job, utc
 
 DEPLOYS = {"deploys": LimitSpec(concurrency=1)}
@@ -170,3 +171,28 @@ def test_run_now_names_a_full_limit_and_starts_nothing(rig: Rig) -> None:
     with pytest.raises(CronError, match=r"limit deploys \(1 of 1 running\)"):
         cron.run_now("release")
     assert rig.rows() == [] and not rig.registry.requests
+
+
+def test_a_finished_fire_of_another_process_frees_the_limit_for_a_held_fire(rig: Rig) -> None:
+    """A fire started by ``dispatch cron run`` (another process, which does not wait) holds
+    the limit until its row is settled; a held fire's next look settles such fires first, so
+    one that already ended does not hold it back until the periodic reconcile."""
+    serve = rig.cron(job("release", uses=("deploys",), catch_up_window=20.0), limits=DEPLOYS)
+    serve.tick()
+    # The CLI's own registry on the same state: the sessions are shared, its finish
+    # listeners (the CLI's, gone with its process) are not serve's.
+    mine, other = rig.registry, FakeRegistry(clock=rig.clock)
+    other.sessions, other.outputs, other.requests = mine.sessions, mine.outputs, mine.requests
+    rig.registry = other
+    cli = rig.cron(job("release", uses=("deploys",), catch_up_window=20.0), limits=DEPLOYS)
+    rig.registry = mine
+    run_id = rig.kanban_run(DEPLOYS)
+    assert not serve.tick(rig.at("2026-01-05T10:00:00")).started
+    rig.end_run(run_id)
+    rig.at("2026-01-05T10:00:01")
+    manual = cli.run_now("release")
+    assert manual.session_id is not None
+    other.finish(manual.session_id)  # the operator's fire ended; nobody settled it yet
+    report = serve.tick(rig.at("2026-01-05T10:00:05"))
+    assert [r.fire_key for r in report.started] == ["release@2026-01-05T10:00:00"]
+    assert rig.ledger.get(manual.id).outcome is Outcome.COMPLETED

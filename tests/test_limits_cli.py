@@ -122,6 +122,9 @@ def test_a_card_waiting_on_a_limit_says_so_everywhere(rig: Rig) -> None:
     assert board["ready"][0]["waiting"]["text"] == WAIT
     page = rig.client.get("/").text
     assert f"waiting: {WAIT}" in page and ">c-42<" in page
+    page = rig.client.get(f"/cards/{card_id}").text
+    assert f'<p class="wait">waiting: {WAIT}</p>' in page
+    assert "<span>group <b>c-42</b></span>" in page
 
 
 def test_dispatch_limits_lists_use_capacity_window_and_what_waits(rig: Rig) -> None:
@@ -174,3 +177,20 @@ def test_a_bad_group_is_one_line_exit_2_and_stores_nothing(rig: Rig, group: str)
     code, out, err = rig.cli("kanban", "add", "t", "--assignee", "coder", "--group", group)
     assert code == 2 and out == "" and err.count("\n") == 1 and "--group" in err
     assert rig.json("kanban", "list") == before
+    code, out, err = rig.cli("kanban", "list", "--group", group)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--group" in err
+
+
+def test_kanban_list_group_is_the_api_group_filter(rig: Rig) -> None:
+    made = [
+        rig.cli("kanban", "add", t, "--assignee", "coder", "--group", g)[1].strip()
+        for t, g in (("a", "c-42"), ("b", "c-7"), ("c", "c-42"))
+    ]
+    listed = rig.json("kanban", "list", "--group", " c-42 ")
+    assert sorted(c["id"] for c in listed) == sorted([made[0], made[2]])
+    assert rig.json("kanban", "list", "--group", "nobody") == []
+    token = rig.cli("web", "token", "create", "--name", "ci", "--scope", "read")[1].strip()
+    answer = rig.client.get(
+        "/api/v1/cards?group=c-42", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert answer.status_code == 200 and answer.json() == listed

@@ -8,6 +8,8 @@ import hashlib
 import hmac
 import http.server
 import json
+import re
+import socket
 import sys
 import threading
 import time
@@ -76,7 +78,7 @@ notify:
         ),
         ("channels: {a: {webhook: {url: 'file:///etc/passwd'}}}", "not an http(s) URL"),
         ("channels: {a: {}}", "exactly one of 'webhook' and 'command'"),
-        ("channels: {a: {command: 'echo hi'}}", "argv list"),
+        ("channels: {a: {command: 'echo hi'}}", "argv list (no shell); write it as a list"),
     ],
 )
 def test_bad_notify_config_is_one_line_naming_the_key(text: str, words: str) -> None:
@@ -84,6 +86,85 @@ def test_bad_notify_config_is_one_line_naming_the_key(text: str, words: str) -> 
         _notify(f"notify:\n  {text}\n")
     message = str(caught.value)
     assert words in message and "\n" not in message and "passwd" not in message
+
+
+def test_the_deadline_may_be_short_but_not_zero() -> None:
+    # A short deadline is how a drill (or a test) sees a message go dead without waiting.
+    assert _notify("notify: {deadline: 5s}\n").deadline == 5
+    with pytest.raises(ConfigError, match=r"notify\.deadline"):
+        _notify("notify: {deadline: 0}\n")
+
+
+def test_a_command_channel_runs_a_shell_only_when_asked(tmp_path: Path) -> None:
+    from dispatcher.notify.sender import deliver
+
+    got = tmp_path / "got"
+    shelled = _notify(
+        f"notify:\n  channels: {{a: {{command: 'cat > {got} && echo $((6 * 7))', shell: true}}}}\n"
+    ).channels["a"]
+    answer = deliver(shelled, '{"id": "m1", "event": "card.done"}')
+    assert (answer.ok, answer.detail) == (True, "exit 0 42")
+    assert json.loads(got.read_text())["id"] == "m1"
+    # An argv list never sees a shell: the words reach the program as they are.
+    plain = _notify("notify:\n  channels: {a: {command: [echo, '$((6 * 7))']}}\n").channels["a"]
+    assert deliver(plain, '{"id": "m2", "event": "card.done"}').detail == "exit 0 $((6 * 7))"
+
+
+class Drip:
+    """A receiver that sends the start of its answer at once and the rest a byte every 0.2 s,
+    forever: each read alone is quick, so only a bound on the whole exchange ends it."""
+
+    def __init__(self, start: bytes, rest: bytes) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.start, self.rest = start, rest
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = self.sock.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.start)
+                for byte in self.rest * 10_000:
+                    conn.sendall(bytes([byte]))
+                    if self.stop.wait(0.2):
+                        return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("start", "rest", "ok"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n", b"x", True),  # the body drips
+        (b"", b"H", False),  # the status line never ends
+    ],
+)
+def test_a_webhook_delivery_ends_within_its_timeout_however_slow_the_receiver(
+    start: bytes, rest: bytes, ok: bool
+) -> None:
+    from dispatcher.notify.sender import deliver
+
+    drip = Drip(start, rest)
+    try:
+        hook = _notify(
+            f"notify:\n  channels: {{d: {{webhook: {{url: 'http://127.0.0.1:{drip.port}/', "
+            "timeout: 1s}}}\n"
+        ).channels["d"]
+        started = time.monotonic()
+        got = deliver(hook, '{"id": "m1", "event": "card.done"}')
+        took = time.monotonic() - started
+    finally:
+        drip.close()
+    assert 0.9 < took < 5, took
+    # The head arrived (200): the receiver took the message; the rest of its answer is cut.
+    assert got.ok is ok, got.detail
+    if not ok:
+        assert got.detail == f"http://127.0.0.1:{drip.port}: timed out after 1s"
 
 
 def test_backoff_doubles_up_to_the_cap_with_jitter_between_half_and_all() -> None:
@@ -335,6 +416,33 @@ def test_a_secret_file_readable_by_others_is_refused(tmp_path: Path) -> None:
         Sender(_notify_store(db, clustered=False), settings)
 
 
+def test_a_private_secret_file_is_asked_for_by_file_key_and_fix_everywhere(
+    tmp_path: Path,
+) -> None:
+    """config check, notify test and serve each refuse a secret file others can read, in one
+    line naming the config file, the channel's key and ``chmod 600``."""
+    from tests.support.cli import run_dispatch, state_env
+
+    secret = tmp_path / "hook-secret"
+    secret.write_text("x")
+    secret.chmod(0o644)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "notify:\n  channels:\n    pager: {webhook: {url: 'http://127.0.0.1:9/', secret_file: "
+        f"{secret}}}}}\n  rules: [{{on: [card.done], to: [pager]}}]\n"
+    )
+    env = state_env(tmp_path)
+    line = (
+        f"dispatch: error: {config}: notify.channels.pager.webhook.secret_file: secret file "
+        f"{secret} is readable by others (mode 644); chmod 600 {secret}"
+    )
+    for args in (("config", "check"), ("notify", "test", "pager"), ("serve",)):
+        done = run_dispatch(config, tmp_path / "state", env, *args, check=False)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.strip().splitlines()[-1] == line, args
+        assert "Traceback" not in done.stderr
+
+
 def test_serve_delivers_what_a_command_queued(tmp_path: Path) -> None:
     from dispatcher.app.workspace import Workspace
     from dispatcher.config import load_config
@@ -405,6 +513,11 @@ def test_notify_commands_list_retry_and_test(
     assert main(["--config", str(config), "notify", "list", "--json"], environ=env) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["event"], row["channel"], row["state"]) == ("card.added", "hook", "pending")
+    # A list an operator scans: local times and how long ago (docs/cli.md), never raw ISO.
+    assert main(["--config", str(config), "notify", "list"], environ={**env, "TZ": "UTC"}) == 0
+    (_, line) = capsys.readouterr().out.splitlines()
+    assert line.split()[:5] == [row["id"], "hook", "card.added", "pending", "0"]
+    assert re.fullmatch(r"\d\d:\d\d:\d\d UTC \((now|\d+s ago)\)", line.split("  ")[-1]), line
     assert main(["--config", str(config), "notify", "list", "--dead"], environ=env) == 0
     assert capsys.readouterr().out.strip() == "no dead notifications"
     assert main(["--config", str(config), "notify", "retry", row["id"]], environ=env) == 0

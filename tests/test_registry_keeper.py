@@ -388,7 +388,7 @@ def test_full_disk_is_counted_marked_and_the_record_is_written(
     # One marker per stretch of loss (space can come and go while the disk is nearly full);
     # together they account for every byte lost.
     marked = [int(n) for n in re.findall(rb"\[dispatch: (\d+) bytes of output lost", log)]
-    assert marked and sum(marked) == lost
+    assert marked and sum(marked) == lost, (record, len(log), log.replace(b"\0", b"")[-400:])
     assert log.endswith(b"after\n")
     assert log.count(b"\0") == 300000 - lost
 

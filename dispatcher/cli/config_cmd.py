@@ -53,13 +53,15 @@ def handle_check(args: argparse.Namespace, ctx: Context) -> int:
         path = ctx.config_path
     errors = file_errors(path) if path is not None else []
     if errors:
-        if ctx.json:
-            ctx.emit_json({"ok": False, "path": str(path), "errors": [e.to_dict() for e in errors]})
-        for err in errors:
-            ctx.warn(f"error: {err.message}")
-        return 2
+        return _refused(ctx, path, errors)
     loaded = load_config(path)
     settings = loaded.settings
+    # Files the config names that serve would refuse to start with.
+    from dispatcher.notify.sender import secret_errors
+
+    errors = secret_errors(settings.notify, loaded.path)
+    if errors:
+        return _refused(ctx, path, errors)
     warnings = program_warnings(loaded, ctx.environ)
     for warning in warnings:
         ctx.warn(f"warning: {warning}")
@@ -78,6 +80,15 @@ def handle_check(args: argparse.Namespace, ctx: Context) -> int:
             f"{plural(len(settings.kanban.assignees), 'assignee')})"
         )
     return 0
+
+
+def _refused(ctx: Context, path: Path | None, errors: list[ConfigError]) -> int:
+    """Every error, one line each (or one JSON document): exit 2."""
+    if ctx.json:
+        ctx.emit_json({"ok": False, "path": str(path), "errors": [e.to_dict() for e in errors]})
+    for err in errors:
+        ctx.warn(f"error: {err.message}")
+    return 2
 
 
 def file_errors(path: Path) -> list[ConfigError]:

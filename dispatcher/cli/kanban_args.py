@@ -46,6 +46,7 @@ def list_options(ls: Parser) -> None:
         help="only cards in status S (" + ", ".join(s.value for s in CardStatus) + ")",
     )
     ls.add_argument("--assignee", metavar="A", help="only cards of assignee A")
+    ls.add_argument("--group", dest="card_group", metavar="G", help="only cards of group G")
     ls.add_argument("--all", action="store_true", help="include archived cards")
     ls.add_argument(
         "--sort",

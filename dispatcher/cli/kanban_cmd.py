@@ -50,6 +50,7 @@ from dispatcher.cli.parser import (
     add_subgroups,
     int_arg,
 )
+from dispatcher.kanban.board import Board
 from dispatcher.kanban.model import MOVE_TARGETS, Card, CardEdit, CardStatus
 from dispatcher.kanban.views import (
     board_text,
@@ -197,6 +198,9 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _list_once(args: argparse.Namespace, ctx: Context) -> int:
+    # The group rule of `kanban add`, checked before the board is touched: a control
+    # character is refused (exit 2, nothing changed), not matched.
+    group = None if args.card_group is None else Board.check_group(args.card_group)
     workspace = _workspace(ctx)
     _refresh(ctx, workspace)
     cards = workspace.store.list_cards(
@@ -204,6 +208,8 @@ def _list_once(args: argparse.Namespace, ctx: Context) -> int:
         assignee=args.assignee,
         include_archived=args.all,
     )
+    if group is not None:
+        cards = [c for c in cards if c.group == group]
     cards = sorted_cards(cards, args.sort, args.limit)
     assignees = _assignees(ctx)
     waits = _waits(ctx, workspace, cards)

@@ -32,6 +32,13 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
     from dispatcher.app.workspace import Workspace
     from scope.abc import CallerKind
 
+    if ctx.config_problem is not None:
+        # Only the config defines limits: without it they are unknown, never "none".
+        if ctx.json:
+            ctx.emit_json(None)
+        else:
+            ctx.out("limits: unknown (config not loaded; limits: in config.yaml defines them)")
+        return 0
     workspace = Workspace(
         ctx.settings, ctx.state_dir, environ=ctx.environ, caller=CallerKind.ONESHOT
     )

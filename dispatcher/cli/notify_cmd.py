@@ -16,7 +16,6 @@ import uuid
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
-from dispatcher.timefmt import iso
 from scope.foundation.errors import NotFoundError, UsageError
 
 
@@ -53,11 +52,12 @@ def handle_list(args: argparse.Namespace, ctx: Context) -> int:
     if not rows:
         ctx.out("no dead notifications" if args.dead else "no notifications")
         return 0
-    ctx.out(f"{'ID':<32} {'CHANNEL':<14} {'EVENT':<15} {'STATE':<9} {'TRIES':>5}  CREATED")
+    times = ctx.times()
+    ctx.out(f"{'ID':<32} {'CHANNEL':<14} {'EVENT':<24} {'STATE':<9} {'TRIES':>5}  CREATED")
     for row in rows:
         line = (
-            f"{row.message_id:<32} {row.channel:<14} {row.event:<15} {row.state:<9} "
-            f"{row.attempts:>5}  {iso(row.created_at)}"
+            f"{row.message_id:<32} {row.channel:<14} {row.event:<24} {row.state:<9} "
+            f"{row.attempts:>5}  {times.both(row.created_at)}"
         )
         ctx.out(
             line + (f"  {row.last_error}" if row.last_error and row.state != "delivered" else "")
@@ -93,7 +93,8 @@ def handle_test(args: argparse.Namespace, ctx: Context) -> int:
         )
     secret = None
     if channel.webhook is not None and channel.webhook.secret_file:
-        secret = load_secret(channel.webhook.secret_file)
+        key = f"notify.channels.{args.channel}.webhook.secret_file"
+        secret = load_secret(channel.webhook.secret_file, key=key, source=ctx.config_path)
     message = {"id": uuid.uuid4().hex, "event": "test", "at": time.time(), "channel": args.channel}
     answer = deliver(channel, json.dumps(message, sort_keys=True), secret)
     if ctx.json:

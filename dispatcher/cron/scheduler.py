@@ -399,6 +399,9 @@ class CronScheduler:
             if took.wait is not None:
                 look = self.held.hold(row, Waiting.of_limit(took.wait, now), job=job, now=now)
                 pending += [] if look is None else [look]
+                # A fire `dispatch cron run` started (it does not wait) holds the limit until
+                # settled, even once ended: the next look settles such fires first.
+                self._last_reconcile = None
                 continue
             if not took.taken:
                 continue

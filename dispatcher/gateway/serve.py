@@ -266,8 +266,8 @@ class Gateway:
         )
         self._cron_waker = CronWaker(self._cron)
         assert self._cluster.outbox is not None
-        store = self._cluster.notify_store()
-        self._notify = Notifications(self.settings.notify, self._cluster.outbox, store)
+        outbox, store = self._cluster.outbox, self._cluster.notify_store()
+        self._notify = Notifications(self.settings.notify, outbox, store, self.config_path)
         self._adopt_at_start(runtime)
         self._member.start(self._cron)
         runtime.registry.prune()

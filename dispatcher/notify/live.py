@@ -10,6 +10,7 @@ the reload and keeps the old config.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,15 +25,23 @@ __all__ = ["Notifications"]
 class Notifications:
     """The serve side of notifications (see the module docstring)."""
 
-    def __init__(self, settings: NotifySettings, outbox: Outbox, store: NotifyStore) -> None:
+    def __init__(
+        self,
+        settings: NotifySettings,
+        outbox: Outbox,
+        store: NotifyStore,
+        source: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.outbox = outbox
         self.store = store
+        self.source = source
+        """The config file, named by a refusal of a secret file."""
         self.sender: Sender | None = None
         self.apply(settings)
 
     def apply(self, settings: NotifySettings) -> None:
         """Route and deliver by ``settings`` from now on (a ``ConfigError`` changes nothing)."""
-        secrets = load_secrets(settings)
+        secrets = load_secrets(settings, self.source)
         self.outbox.routes = tuple(settings.routes())
         if not settings.rules:
             self.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import logging
 import os
@@ -30,11 +31,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dispatcher.notify.settings import Channel, NotifySettings, WebhookFormat, redacted_url
+from dispatcher.notify.opener import open_within
+from dispatcher.notify.settings import (
+    Channel,
+    NotifySettings,
+    Webhook,
+    WebhookFormat,
+    redacted_url,
+)
 from dispatcher.notify.store import Delivery, NotifyStore
 from scope.foundation.errors import ConfigError
 
-__all__ = ["Answer", "Sender", "backoff", "deliver", "load_secret", "load_secrets", "sign"]
+__all__ = [
+    "Answer",
+    "Sender",
+    "backoff",
+    "deliver",
+    "load_secret",
+    "load_secrets",
+    "secret_errors",
+    "sign",
+]
 
 log = logging.getLogger("dispatch.notify")
 
@@ -56,35 +73,71 @@ def sign(secret: bytes, timestamp: int, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
-def load_secret(path_text: str) -> bytes:
-    """A channel's signing secret; refused (one line naming the fix) unless the file is ours
-    and private."""
+def load_secret(
+    path_text: str,
+    *,
+    key: str = "notify.channels.webhook.secret_file",
+    source: str | os.PathLike[str] | None = None,
+) -> bytes:
+    """A channel's signing secret; refused (one line naming the config file ``source``, the
+    ``key`` and the fix) unless the file is ours and private."""
     path = Path(path_text).expanduser()
+    where = None if source is None else str(source)
     try:
         info = path.stat()
         data = path.read_bytes()
     except OSError as err:
         raise ConfigError(
             f"secret file {path} cannot be read ({err.strerror})",
-            key="notify.channels.webhook.secret_file",
+            key=key,
+            path=where,
             remedy="create it with mode 0600",
         ) from None
     if stat.S_IMODE(info.st_mode) & 0o077 or info.st_uid != os.getuid():
         raise ConfigError(
             f"secret file {path} is readable by others (mode {stat.S_IMODE(info.st_mode):o})",
-            key="notify.channels.webhook.secret_file",
+            key=key,
+            path=where,
             remedy=f"chmod 600 {path}",
         )
     return data.strip()
 
 
-def load_secrets(settings: NotifySettings) -> dict[str, bytes]:
-    """Every signing channel's secret, by channel name (checked as :func:`load_secret`)."""
+def load_secrets(
+    settings: NotifySettings, source: str | os.PathLike[str] | None = None
+) -> dict[str, bytes]:
+    """Every signing channel's secret, by channel name (checked as :func:`load_secret`; the
+    first refusal is raised)."""
     return {
-        name: load_secret(ch.webhook.secret_file)
+        name: load_secret(hook.secret_file or "", key=_secret_key(name), source=source)
+        for name, hook in _signing(settings)
+    }
+
+
+def secret_errors(
+    settings: NotifySettings, source: str | os.PathLike[str] | None = None
+) -> list[ConfigError]:
+    """The refusal of every signing channel whose secret file serve would refuse (``dispatch
+    config check`` reports them all)."""
+    found = []
+    for name, hook in _signing(settings):
+        try:
+            load_secret(hook.secret_file or "", key=_secret_key(name), source=source)
+        except ConfigError as err:
+            found.append(err)
+    return found
+
+
+def _signing(settings: NotifySettings) -> list[tuple[str, Webhook]]:
+    return [
+        (name, ch.webhook)
         for name, ch in settings.channels.items()
         if ch.webhook is not None and ch.webhook.secret_file
-    }
+    ]
+
+
+def _secret_key(channel: str) -> str:
+    return f"notify.channels.{channel}.webhook.secret_file"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,14 +146,6 @@ class Answer:
 
     ok: bool
     detail: str
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a 3xx is an answer, not an instruction: it counts as a failure
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 def _slack_text(message: Mapping[str, Any]) -> str:
@@ -132,22 +177,25 @@ def _post(channel: Channel, body: str, secret: bytes | None) -> Answer:
     # The URL's scheme was checked (http or https) when the config was read.
     request = urllib.request.Request(hook.url, data=payload, headers=headers, method="POST")  # noqa: S310
     where = redacted_url(hook.url)
+    started = time.monotonic()
     try:
-        with _OPENER.open(request, timeout=hook.timeout) as response:
+        with open_within(request, hook.timeout) as response:
             text = response.read(RESPONSE_CAP).decode(errors="replace")
             return Answer(ok=200 <= response.status < 300, detail=f"{response.status} {text}")
     except urllib.error.HTTPError as err:
         return Answer(ok=False, detail=f"{where}: HTTP {err.code}")
-    except (urllib.error.URLError, OSError) as err:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+        if time.monotonic() - started >= hook.timeout:
+            return Answer(ok=False, detail=f"{where}: timed out after {hook.timeout:g}s")
         reason = getattr(err, "reason", err)
         return Answer(ok=False, detail=f"{where}: {reason}")
 
 
 def _run(channel: Channel, body: str) -> Answer:
-    assert channel.command is not None
+    argv = channel.argv()
     try:
         done = subprocess.run(
-            list(channel.command),
+            argv,
             input=body.encode(),
             capture_output=True,
             timeout=channel.timeout,
@@ -156,7 +204,7 @@ def _run(channel: Channel, body: str) -> Answer:
     except subprocess.TimeoutExpired:
         return Answer(ok=False, detail=f"timed out after {channel.timeout:g}s")
     except OSError as err:
-        return Answer(ok=False, detail=f"cannot run {channel.command[0]}: {err.strerror}")
+        return Answer(ok=False, detail=f"cannot run {argv[0]}: {err.strerror}")
     out = done.stdout[:RESPONSE_CAP].decode(errors="replace")
     return Answer(ok=done.returncode == 0, detail=f"exit {done.returncode} {out}".rstrip())
 

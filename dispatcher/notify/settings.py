@@ -16,6 +16,7 @@ from typing import Any
 from dispatcher.launch.outbox import EVENTS, Route
 from scope.foundation.schema import (
     Argv,
+    Bool,
     Choice,
     Duration,
     Invalid,
@@ -100,21 +101,36 @@ class Channel:
     webhook: Webhook | None = setting(
         None, kind=Optional(Record(Webhook)), doc="Deliver by HTTP POST."
     )
-    command: tuple[str, ...] | None = setting(
+    command: tuple[str, ...] | str | None = setting(
         None,
         kind=Optional(Argv()),
-        doc="Deliver by running this argv (no shell) with the message's JSON on stdin.",
+        doc="Deliver by running this argv (no shell; a string only with shell: true) with"
+        " the message's JSON on stdin.",
+    )
+    shell: bool = setting(
+        False, kind=Bool(), doc="Command channels: run a string command through /bin/sh -c."
     )
     timeout: float = setting(
         30.0, kind=Duration(min=1), doc="Command channels: kill the command after this long."
     )
 
     def check(self) -> None:
-        """One way of delivering, and a command is an argv list."""
+        """One way of delivering, and a command is an argv list unless a shell was asked for."""
         if (self.webhook is None) == (self.command is None):
             raise Invalid("a channel needs exactly one of 'webhook' and 'command'")
+        if isinstance(self.command, str) and not self.shell:
+            raise Invalid(
+                "a command channel takes an argv list (no shell); write it as a list"
+                ' (e.g. ["notify-me", "--quiet"]) or set shell: true',
+                ("command",),
+            )
+
+    def argv(self) -> list[str]:
+        """What a command channel runs: its argv, or ``/bin/sh -c`` with its string."""
+        assert self.command is not None
         if isinstance(self.command, str):
-            raise Invalid("a command channel takes an argv list (no shell)", ("command",))
+            return ["/bin/sh", "-c", self.command]
+        return list(self.command)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,10 +179,10 @@ class RuleRecord(Record):
     """A rule's record, reading the YAML 1.1 boolean ``on`` (what ``on:`` parses to) as the
     key ``on``."""
 
-    def convert(self, value: Any) -> Any:
+    def prepared(self, value: Any) -> Any:
         if isinstance(value, dict) and True in value:
             value = {("on" if key is True else key): item for key, item in value.items()}
-        return super().convert(value)
+        return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,7 +199,7 @@ class NotifySettings:
     )
     deadline: float = setting(
         86400.0,
-        kind=Duration(min=60),
+        kind=Duration(min=1),
         doc="Give up retrying a message after this long (it is then dead).",
     )
 

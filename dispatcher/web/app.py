@@ -161,7 +161,10 @@ def create_app(site: Site, *, api_only: bool = False) -> Guard:
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if request.url.path.startswith(API_PREFIX) or api_only:
-            return api.not_allowed(request) if exc.status_code == 405 else api.not_found(request)
+            if exc.status_code == 405:
+                allowed = (exc.headers or {}).get("Allow", "")
+                return api.not_allowed(request, [m.strip() for m in allowed.split(",") if m])
+            return api.not_found(request)
         if exc.status_code == 404:
             return site.error(request, 404, f"no page {request.url.path}", _HINTS[404])
         return site.error(request, exc.status_code, str(exc.detail))

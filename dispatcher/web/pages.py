@@ -173,6 +173,7 @@ def card_context(
         ],
         events=[{"event": e, "summary": views.event_summary(e)} for e in reversed(events)],
         current=current,
+        waiting=source.limit_waits([card]).get(card.id),
         session=session,
         log_text=log_text,
         log_cut=log_cut,

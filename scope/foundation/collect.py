@@ -70,6 +70,7 @@ def _mapping(
 
 
 def _record(kind: Record, value: Any, path: tuple[str | int, ...], found: list[Invalid]) -> Any:
+    value = kind.prepared(value)
     if value is None:
         value = {}
     if not isinstance(value, dict):

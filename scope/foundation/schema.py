@@ -339,7 +339,13 @@ class Record(Kind):
             if kind is not None:
                 yield field.name, kind, field
 
+    def prepared(self, value: Any) -> Any:
+        """``value`` as the keys should be read (a subclass may rename keys YAML mangled);
+        every reader of a record, :meth:`convert` and the config check, starts here."""
+        return value
+
     def convert(self, value: Any) -> Any:
+        value = self.prepared(value)
         if value is None:
             value = {}
         if not isinstance(value, dict):

@@ -16,7 +16,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from starlette.requests import Request
@@ -59,8 +59,14 @@ def routes(site: Site, operations: tuple[Operation, ...] | None = None) -> list[
     async def elsewhere(request: Request) -> Response:
         # Everything else under the prefix: a problem document, never the pages' redirect of
         # a trailing slash (an id with an encoded '/' lands here too).
-        if any(route.matches(request.scope)[0] is Match.PARTIAL for route in known):
-            return not_allowed(request)
+        allowed = {
+            method
+            for route in known
+            if isinstance(route, Route) and route.matches(request.scope)[0] is Match.PARTIAL
+            for method in route.methods or ()
+        }
+        if allowed:
+            return not_allowed(request, allowed)
         return not_found(request)
 
     found.append(Route(PREFIX + "/{rest:path}", elsewhere, methods=_METHODS))
@@ -190,10 +196,12 @@ def not_found(request: Request) -> Response:
     )
 
 
-def not_allowed(request: Request) -> Response:
-    """The answer to a known path with a method it does not take."""
+def not_allowed(request: Request, allowed: Iterable[str] = ()) -> Response:
+    """The answer to a known path with a method it does not take (``Allow`` names the ones
+    it does, as HTTP asks of every 405)."""
     return problem(
         405,
         f"{request.method} is not an operation of {request.url.path[:200]}",
         remedy=f"see {PREFIX}/openapi.json",
+        headers={"allow": ", ".join(sorted(allowed))} if allowed else None,
     )
