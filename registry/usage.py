@@ -18,7 +18,7 @@ from typing import Any
 from scope.foundation.values import format_size
 from scope.resources import LIMIT_KEYS, ScopeProperties, describe
 
-__all__ = ["OOM_EXIT", "ResourceClass", "Usage", "oom_reason"]
+__all__ = ["OOM_EXIT", "ResourceClass", "Usage", "oom_reason", "runtime_max_text"]
 
 OOM_EXIT = 128 + 9
 """How a shell reports a child killed by SIGKILL (``sh -c`` around the real worker)."""
@@ -146,3 +146,11 @@ def oom_reason(
     limit = format_size(usage.memory_max) if usage.memory_max is not None else "its limit"
     peak = f" (peak {format_size(usage.peak)})" if usage.peak is not None else ""
     return f"killed by the kernel's OOM killer at memory_max {limit}{peak}"
+
+
+def runtime_max_text(resources: ResourceClass | None) -> str:
+    """``stopped by systemd at runtime_max 30s``: why a scope ended at its ``RuntimeMaxSec=``
+    (the class's value when it is known)."""
+    limit = resources.limits.get("runtime_max") if resources is not None else None
+    at = f" {limit:g}s" if limit is not None else ""
+    return f"stopped by systemd at runtime_max{at}"

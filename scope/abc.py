@@ -50,6 +50,12 @@ DEVNULL = -3
 start-up time, and most commands never start a process)."""
 
 GATE_ENV = "DISPATCH_SCOPE_GATE_FD"
+UNIT_ENV = "DISPATCH_SCOPE_UNIT"
+"""With :attr:`LaunchSpec.manager_env`: the name of the scope the program was placed in."""
+SYSTEMCTL_ENV = "DISPATCH_SCOPE_SYSTEMCTL"
+"""With :attr:`LaunchSpec.manager_env`: the ``systemctl`` that reaches the scope's manager."""
+MANAGER_ENV = "DISPATCH_SCOPE_MANAGER"
+"""With :attr:`LaunchSpec.manager_env`: ``user`` or ``system`` (``systemctl --user`` or not)."""
 
 
 class Placement(enum.StrEnum):
@@ -187,6 +193,12 @@ class LaunchSpec:
     starter: Starter | None = None
     """Starts a ``gated`` program instead of ``Popen`` where the placement allows it (see the
     module docstring); None: ``Popen``."""
+    manager_env: bool = False
+    """When the program gets a scope of its own whose class sets ``runtime_max``, name that
+    scope and its manager in the program's environment (:data:`UNIT_ENV`,
+    :data:`SYSTEMCTL_ENV`, :data:`MANAGER_ENV` and the bus variables), so that while it still
+    lives in the scope it can read the unit's ``Result``: ``timeout`` once the manager is
+    stopping the scope at ``RuntimeMaxSec=``, never after a stop by anyone else."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,12 +17,13 @@ The system manager (``scope.manager: system``, or ``auto`` as root without a use
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from scope.abc import ManagerKind
+from scope.abc import MANAGER_ENV, SYSTEMCTL_ENV, UNIT_ENV, ManagerKind
 
 __all__ = [
     "BUS_ENV",
@@ -32,6 +33,7 @@ __all__ = [
     "BusInfo",
     "check_runtime_dir",
     "discover",
+    "manager_env",
     "socket_reachable",
 ]
 
@@ -214,3 +216,18 @@ def _system(environ: Mapping[str, str], private: str) -> BusInfo:
         env=env,
         detail=why or "",
     )
+
+
+def manager_env(info: BusInfo, unit: str) -> dict[str, str]:
+    """The variables through which a program placed in ``unit`` asks the manager ``info``
+    found about that unit (see :attr:`scope.abc.LaunchSpec.manager_env`); empty when no
+    ``systemctl`` is on the discovered environment's ``PATH`` (it then cannot ask)."""
+    tool = shutil.which("systemctl", path=info.env.get("PATH") or os.defpath)
+    if tool is None:
+        return {}
+    found = {UNIT_ENV: unit, SYSTEMCTL_ENV: tool, MANAGER_ENV: info.manager.value}
+    for key in (RUNTIME_ENV, BUS_ENV):
+        value = info.env.get(key)
+        if value is not None:
+            found[key] = value
+    return found

@@ -67,7 +67,7 @@ class ScopeProperties:
     runtime_max: float | None = setting(
         None,
         kind=Optional(Duration(min=1)),
-        doc="RuntimeMaxSec=: the manager stops the scope after this long.",
+        doc="RuntimeMaxSec=: the manager stops the scope after this long (outcome timed_out).",
     )
     best_effort: bool | None = setting(
         None,

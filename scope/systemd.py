@@ -34,7 +34,7 @@ from scope.abc import (
     StopResult,
 )
 from scope.backend import UnitBackend
-from scope.bus import BusInfo, discover, socket_reachable
+from scope.bus import BusInfo, discover, manager_env, socket_reachable
 from scope.cgroup import cgroup_procs
 from scope.errors import BusError, ManagerLost, ScopeError
 from scope.facts import caller_unit, login_name
@@ -193,6 +193,9 @@ class SystemdScoper(Scoper):
                     warnings=self.warnings,
                 )
             unit = scope_name(caller.value, spec.unit_parts)
+            if spec.manager_env and properties.runtime_max is not None:
+                extra = manager_env(self.discover(), unit)
+                spec = dataclasses.replace(spec, env={**spec.env, **extra})
             try:
                 launched = self._place(spec, unit, properties=properties)
             except ScopeError as err:

@@ -243,7 +243,23 @@ def test_a_host_never_held_by_calm_readings(steps) -> None:
         ("memory_pressure: 20", "admission.memory_pressure: expected a percentage, got 20"),
         ("memory_pressure_resume: -1%", "admission.memory_pressure_resume: invalid percentage"),
         ("memory_pressure_resume: 30%", "admission.memory_pressure_resume: must be below"),
-        ("cpu_pressure_resume: 5%", "admission.cpu_pressure_resume: needs cpu_pressure"),
+        (
+            "cpu_pressure_resume: 5%",
+            "admission.cpu_pressure_resume: is set but cpu_pressure is null, so it would never"
+            " apply; set cpu_pressure or remove cpu_pressure_resume",
+        ),
+        (
+            "memory_pressure: null\n  memory_pressure_resume: 5%",
+            "admission.memory_pressure_resume: is set but memory_pressure is null",
+        ),
+        (
+            "memory_available: null\n  memory_available_resume: 1GiB",
+            "admission.memory_available_resume: is set but memory_available is null",
+        ),
+        (
+            "cpu_pressure: 50%\n  cpu_pressure_resume: 50%",
+            "admission.cpu_pressure_resume: must be below cpu_pressure",
+        ),
         (
             "memory_available: 1GiB\n  memory_available_resume: 512MiB",
             "admission.memory_available_resume: must be at least",

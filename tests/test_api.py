@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dispatcher.kanban.model import EventKind
 from dispatcher.web.api.openapi import document
 from dispatcher.web.api.table import OPERATIONS
 from tests.support.api import Api, make_token
@@ -402,6 +403,16 @@ def test_bad_input_is_one_problem_and_stores_nothing(site: Site) -> None:
     assert _problem(wrong, 405) and wrong.headers["allow"] == "GET, HEAD, PATCH"
     ready = site.add("cannot retry a ready card")
     assert _problem(site.api.post(f"/cards/{ready}/retry"), 409)
+    # Backing off after a failure, it can: the wait is cut short, the count starts over.
+    board = site.home.workspace()
+    try:
+        waits = {"retry_at": time.time() + 600, "consecutive_failures": 1}
+        board.store.append_event(ready, EventKind.FAILED, {}, now=time.time(), fields=waits)
+    finally:
+        board.close()
+    cut_short = site.api.post(f"/cards/{ready}/retry", {"reason": "the API is back"})
+    assert cut_short.status == 200 and cut_short.json["retry_at"] is None
+    assert cut_short.json["consecutive_failures"] == 0
     assert _problem(site.api.post(f"/cards/{ready}/move", {"status": "running"}), 400)
     site.api.post(f"/cards/{ready}/archive")
     after = site.cli("kanban", "list", "--all")

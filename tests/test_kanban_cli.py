@@ -353,6 +353,17 @@ def test_tick_dry_run_changes_nothing(cli: Cli) -> None:
     assert report["dispatched"] == [] and cli.dump() == before
 
 
+def test_tick_names_cards_left_for_later_as_waiting_for_room(cli: Cli) -> None:
+    first, second = cli.add("one"), cli.add("two")
+    report = cli.json("kanban", "tick", "--dry-run", "--max", "1")
+    assert isinstance(report, dict) and report["planned"] == [first]
+    # "deferred" stays for existing readers; it is not the outcome of that name.
+    assert report["waiting_for_room"] == report["deferred"] == [second]
+    code, out, _ = cli("kanban", "tick", "--dry-run", "--max", "1")
+    summary = out.splitlines()[-1]
+    assert code == 0 and "1 waiting for room," in summary and "deferred" not in summary
+
+
 def test_a_worker_reports_itself_and_its_exit_is_only_recorded(cli: Cli) -> None:
     code, out, err = cli("kanban", "add", "self-report", "--assignee", "reporter")
     assert code == 0, err
@@ -435,7 +446,7 @@ def test_retry_runs_a_finished_card_again_with_the_reason_in_its_events(tmp_path
         )
 
     card = cli("kanban", "add", "again", "--assignee", "ok").stdout.strip()
-    refused = cli("kanban", "retry", card)  # ready: it runs anyway
+    refused = cli("kanban", "retry", card)  # ready, waiting for nothing: it runs anyway
     assert refused.returncode == 2 and "cannot retry" in refused.stderr
     assert cli("kanban", "tick").returncode == 0
 
@@ -537,6 +548,15 @@ def test_a_worker_defers_its_card_uncounted_until_its_time(cli: Cli) -> None:
     code, _, err = cli("kanban", "defer", card_id, "--run", "r_0000000000", "--until", past)
     assert code == 2 and err.count("\n") == 1, err
     assert f"--until '{past}'" in err and "future" in err and "1577" not in err
+    # The operator cuts the wait short: the card starts over and the next tick claims it.
+    code, out, err = cli("kanban", "retry", card_id, "--reason", "not waiting an hour")
+    assert code == 0, err
+    doc = cli.json("kanban", "show", card_id)
+    assert isinstance(doc, dict) and doc["retry_at"] is None and doc["retry"] is None
+    moved = doc["events"][-1]  # type: ignore[index]
+    assert moved["data"]["waited_until"] == retry["next_try_at"]
+    report = cli.json("kanban", "tick")
+    assert isinstance(report, dict) and [d["card_id"] for d in report["dispatched"]] == [card_id]
 
 
 def test_kill_takes_a_card_id_or_a_run_id(cli: Cli) -> None:

@@ -14,6 +14,7 @@ from dispatcher.kanban.model import CardStatus, EventKind
 from dispatcher.kanban.taxonomy import Breaker, after_run
 from dispatcher.launch.outcome import Outcome, Result
 from dispatcher.launch.retry import (
+    ANSWERED,
     Action,
     Backoff,
     Jitter,
@@ -135,6 +136,49 @@ def test_the_first_matching_rule_wins(ranges: list[tuple[int, int]]) -> None:
             assert sample.match(Outcome.FAILED, code) is first
 
 
+ranges = st.lists(
+    st.tuples(st.integers(0, 255), st.integers(0, 255)).map(lambda r: (min(r), max(r))),
+    max_size=3,
+).map(tuple)
+rules = st.builds(
+    Rule,
+    exit_codes=ranges,
+    outcomes=st.lists(st.sampled_from(sorted(ANSWERED)), max_size=3, unique=True).map(tuple),
+)
+TRIES = [(o, code) for o in sorted(ANSWERED) for code in (None, *range(256))]
+
+
+@given(rules, rules)
+def test_a_rule_covers_another_exactly_when_it_matches_every_try_the_other_would(
+    first: Rule, later: Rule
+) -> None:
+    escapes = [t for t in TRIES if later.matches(*t) and not first.matches(*t)]
+    assert first.covers(later) is (not escapes)
+
+
+@pytest.mark.parametrize(
+    ("rules_text", "ok"),
+    [
+        # The sample: exit-code rules never cover an outcome rule (a signal has no code).
+        ("[{exit_codes: ['2', '64-77'], action: fail}, {outcomes: [timed_out]}]", True),
+        ("[{outcomes: [lost]}, {outcomes: [lost, failed]}]", True),
+        ("[{exit_codes: ['64-77']}, {exit_codes: ['75'], counted: false}]", False),
+        ("[{action: fail}, {outcomes: [lost], action: retry}]", False),
+        ("[{outcomes: [lost, failed]}, {outcomes: [lost], exit_codes: ['3']}]", False),
+    ],
+)
+def test_a_rule_that_never_applies_is_refused(rules_text: str, ok: bool) -> None:
+    text = f"kanban:\n  retry: {{rules: {rules_text}}}\n"
+    if ok:
+        parse_config(text, "c.yaml")
+        return
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "c.yaml")
+    message = info.value.message
+    assert "c.yaml:2: kanban.retry.rules[1]: never applies: rules[0] before it matches" in message
+    assert "move it above rules[0] or remove it" in message and "\n" not in message
+
+
 def test_exit_ranges_parse() -> None:
     assert parse_exit_range("64-77") == (64, 77)
     assert parse_exit_range(2) == (2, 2)
@@ -155,6 +199,21 @@ def test_exit_ranges_parse() -> None:
         ("{backoff: {factor: 0.5}}", "kanban.retry.backoff.factor: must be at least 1"),
         ("{backoff: {initial: 1m, max: 10s}}", "kanban.retry.backoff.max: must be at least"),
         ("{backoff: {jitter: some}}", "kanban.retry.backoff.jitter: invalid value"),
+        (
+            "{rules: [{outcomes: [failed, completed]}]}",
+            "kanban.retry.rules[0].outcomes[1]: outcome 'completed' never reaches the retry policy",
+        ),
+        ("{rules: [{outcomes: [deferred]}]}", "outcomes[0]: outcome 'deferred' never reaches"),
+        ("{rules: [{outcomes: [skipped_overlap]}]}", "outcome 'skipped_overlap' never reaches"),
+        (
+            "{rules: [{exit_codes: ['1'], action: fail, counted: false}]}",
+            "kanban.retry.rules[0].counted: counted: false applies to a retry, but action fail "
+            "gives up at once; remove counted, or use action: retry",
+        ),
+        (
+            "{rules: [{outcomes: [oom_killed], action: fail, resources: {memory_max: 1GiB}}]}",
+            "kanban.retry.rules[0].resources: resources apply to the next try, but action fail",
+        ),
         ("{attempts: 4}\n  failure_limit: 3", "kanban.retry.attempts: conflicts with kanban"),
         # Even when failure_limit is spelled out at its default value.
         ("{attempts: 4}\n  failure_limit: 2", "kanban.retry.attempts: conflicts with kanban"),
@@ -166,6 +225,35 @@ def test_bad_retry_config_is_one_line_naming_the_key(retry: str, expected: str) 
     message = info.value.message
     assert expected in message and "\n" not in message, message
     assert info.value.exit_code == 2
+
+
+def test_the_outcomes_rules_may_name_are_those_both_policies_ask_about() -> None:
+    """What the config accepts in ``outcomes`` is exactly what kanban's taxonomy and cron's
+    retries consult the rules for: a rule naming anything else could never match."""
+    from dispatcher.cron.records import RetryKind
+    from dispatcher.cron.retries import after_try
+    from tests.test_cron_retry import fire
+
+    asked = {"kanban": set(), "cron": set()}
+    for outcome in Outcome:
+        probe = Rule(outcomes=(outcome,), action=Action.FAIL, name="probe")
+        rules = RetryPolicy(attempts=3, rules=(probe,))
+        ended = Result(
+            outcome=outcome,
+            exit_code=None,
+            error="e",
+            infrastructure=outcome is Outcome.SPAWN_REFUSED,  # always, by the vocabulary
+        )
+        change = after_run(card(), RUN, ended, Breaker(retry=rules), NOW)
+        if any(data.get("rule") == "probe" for _, data in change.events):
+            asked["kanban"].add(outcome)
+        # A try ends deferred when its worker stored the time on the row.
+        deferred = {"retry_at": NOW + 60, "retry_kind": RetryKind.DEFERRED}
+        row = fire(**deferred) if outcome is Outcome.DEFERRED else fire()
+        verdict = after_try(row, ended, rules, tempfail_limit=10, now=NOW, rng=half)
+        if verdict.why and verdict.why.startswith("probe"):
+            asked["cron"].add(outcome)
+    assert asked["kanban"] == asked["cron"] == ANSWERED
 
 
 def test_retry_config_per_assignee_and_default() -> None:

@@ -3,6 +3,7 @@ load against the worker's class, and a real OOM-killed worker that completes wit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from dispatcher.config import load_config, parse_config
 from dispatcher.kanban.model import CardStatus, Event, EventKind
 from dispatcher.kanban.taxonomy import Breaker, after_run, retry_class
 from dispatcher.launch.outcome import Outcome, Result
-from dispatcher.launch.retry import RetryPolicy
-from scope.foundation.errors import ConfigError
+from dispatcher.launch.retry import Action, RetryPolicy
+from scope.foundation.errors import ConfigError, Invalid
 from scope.foundation.schema import Record
 from scope.resources import ScopeProperties
 from tests.support.cards import NOW, RUN, card
@@ -42,9 +43,13 @@ def test_a_retrying_rule_puts_the_next_class_in_its_event() -> None:
     # At the limit there is no next try: the class is recorded, the card gives up.
     last = after_run(card(consecutive_failures=2), RUN, OOM, breaker, NOW)
     assert [k for k, _ in last.events][-1] is EventKind.GAVE_UP
-    # A failing rule names no next class.
+    # A failing rule names no next class (refused at load; built by hand it is ignored).
     fail = {**OOM_RULE, "action": "fail"}
-    stop = after_run(card(), RUN, OOM, Breaker(retry=policy(fail)), NOW)
+    with pytest.raises(Invalid):
+        policy(fail)
+    (rule,) = policy(OOM_RULE).rules
+    failing = RetryPolicy(rules=(dataclasses.replace(rule, action=Action.FAIL),))
+    stop = after_run(card(), RUN, OOM, Breaker(retry=failing), NOW)
     assert "resources" not in stop.events[0][1]
 
 

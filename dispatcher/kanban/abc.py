@@ -271,6 +271,14 @@ class BoardStore(abc.ABC):
         and temporary-failure counts (``unblocked``). WrongStatus when not blocked."""
 
     @abc.abstractmethod
+    def retry(self, card_id: str, *, reason: str, now: float) -> Card:
+        """Compare-and-set: a ``done``, ``blocked`` or ``review`` card, or a ``ready`` one
+        backing off, deferred, cooling down or counting failures, → ``ready`` now with its
+        counts and waits reset, one ``moved`` event (``action: retry``). WrongStatus, nothing
+        changed, when the card (as it is inside the transaction) has an open run or is a
+        ``ready`` card with nothing to reset."""
+
+    @abc.abstractmethod
     def move(self, card_id: str, status: CardStatus, *, now: float) -> Card:
         """Operator override among todo/ready/blocked/review/done for a card without an open
         run (``moved``). WrongStatus when the card has an open run or the target is

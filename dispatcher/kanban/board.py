@@ -26,7 +26,6 @@ from dispatcher.kanban.model import (
     Run,
     move_fields,
 )
-from dispatcher.kanban.rules import FRESH_START
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import IdTooShort
 from scope.foundation.text import strip_blanks, unsafe_char
@@ -199,33 +198,14 @@ class Board:
         """``blocked`` → ``ready`` with the counts reset."""
         return self.store.unblock(self.store.resolve_card(card_text).id, now=now)
 
-    RETRYABLE = (CardStatus.DONE, CardStatus.BLOCKED, CardStatus.REVIEW)
-    """Statuses a card may be retried from (it has no open run there)."""
-
     def retry(self, card_text: str, *, reason: str | None = None, now: float) -> Card:
-        """A new run of a finished card: ``done``, ``blocked`` (its failures ended it, or a
-        worker blocked it) or ``review`` → ``ready``, counts reset, the reason in its event.
-        The next tick claims it like any ready card (its next run is a new attempt)."""
+        """Start a card over (``kanban retry``, the web's and the API's retry): a ``done``,
+        ``blocked`` or ``review`` card, or a ``ready`` one backing off or deferred, becomes
+        ``ready`` now with a fresh attempt count, the reason in its event (see
+        :meth:`~dispatcher.kanban.abc.BoardStore.retry`, a compare-and-set)."""
         note = check_text("--reason", strip_blanks(reason or ""), MAX_NOTE, lines=True)
         card = self.store.resolve_card(card_text)
-        if card.status not in self.RETRYABLE or card.current_run_id is not None:
-            raise WrongStatus(
-                card.id,
-                card.status.value,
-                "retry",
-                remedy="retry a done, blocked or review card; a ready or running one runs "
-                "anyway ('dispatch kanban move' overrides a status)",
-            )
-        fields: dict[str, Any] = {"status": CardStatus.READY, **FRESH_START, "completed_at": None}
-        data = {
-            "from": card.status.value,
-            "to": CardStatus.READY.value,
-            "by": "operator",
-            "action": "retry",
-            "reason": note or "operator retry",
-        }
-        self.store.append_event(card.id, EventKind.MOVED, data, now=now, fields=fields)
-        return self.store.get_card(card.id)
+        return self.store.retry(card.id, reason=note or "operator retry", now=now)
 
     def move(self, card_text: str, status: str, *, now: float) -> Card:
         """Operator override; a live worker is stopped first."""

@@ -456,6 +456,11 @@ class MemoryBoardStore(BoardStore):
             change = rules.unblock_change(card, parents_done=self._parents_done(card))
             return self._apply(card_id, change, now)
 
+    def retry(self, card_id: str, *, reason: str, now: float) -> Card:
+        with self._lock:
+            change = rules.retry_change(self._card(card_id), reason=reason)
+            return self._apply(card_id, change, now)
+
     def move(self, card_id: str, status: CardStatus, *, now: float) -> Card:
         rules.check_move_target(status)
         with self._lock:

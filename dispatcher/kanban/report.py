@@ -50,7 +50,8 @@ class TickReport:
     """Cards skipped because of the infrastructure cooldown (a respawn_guarded event each)."""
     backing_off: tuple[str, ...] = ()
     deferred: tuple[str, ...] = ()
-    """Ready cards left for a later tick (budget or ``--max``)."""
+    """Ready cards left for a later tick (no room: a budget full, or ``--max`` reached). Not
+    the outcome ``deferred``: in JSON also (and better) under ``waiting_for_room``."""
     limited: tuple[tuple[str, str], ...] = ()
     """(card id, what it waits for): ready cards a full named limit held back."""
     unknown_assignee: tuple[str, ...] = ()
@@ -78,7 +79,9 @@ class TickReport:
             "planned": list(self.planned),
             "guarded": list(self.guarded),
             "backing_off": list(self.backing_off),
+            # "deferred" predates the outcome of that name; kept for existing readers.
             "deferred": list(self.deferred),
+            "waiting_for_room": list(self.deferred),
             "limited": [{"card_id": card_id, "wait": wait} for card_id, wait in self.limited],
             "unknown_assignee": list(self.unknown_assignee),
             "warnings": list(self.warnings),

@@ -243,6 +243,45 @@ def unblock_change(card: Card, *, parents_done: bool) -> Change:
     return Change(fields=fields, kind=EventKind.UNBLOCKED, data=data)
 
 
+RETRYABLE = (CardStatus.DONE, CardStatus.BLOCKED, CardStatus.REVIEW)
+"""Statuses a card without an open run is always retried from."""
+
+
+def waits(card: Card) -> bool:
+    """Whether a ``ready`` card holds something an operator's retry resets: a retry time
+    (backing off after a failure, or deferred by its worker), a cooldown, or counted tries."""
+    held = (card.retry_at, card.cooldown_until)
+    return any(t is not None for t in held) or card.consecutive_failures + card.tempfail_count > 0
+
+
+def retry_change(card: Card, *, reason: str) -> Change:
+    """An operator's retry: a ``done``, ``blocked`` or ``review`` card, or a ``ready`` one that
+    waits (:func:`waits`), starts over: ``ready`` now, counts and waits reset, one ``moved``
+    event (``action: retry``; ``waited_until`` the retry time it cut short). WrongStatus for
+    a card with an open run, or a ready card with nothing to reset (it runs anyway)."""
+    ready = card.status is CardStatus.READY
+    if card.current_run_id is not None or not (card.status in RETRYABLE or (ready and waits(card))):
+        raise WrongStatus(
+            card.id,
+            card.status.value,
+            "retry",
+            remedy="retry a done, blocked or review card, or a ready one backing off or "
+            "deferred; a running card, or a ready one waiting for nothing, runs anyway "
+            "('dispatch kanban move' overrides a status)",
+        )
+    data: dict[str, Any] = {
+        "from": card.status.value,
+        "to": CardStatus.READY.value,
+        "by": "operator",
+        "action": "retry",
+        "reason": reason,
+    }
+    if ready and card.retry_at is not None:
+        data["waited_until"] = card.retry_at
+    fields = {"status": CardStatus.READY, **FRESH_START, "completed_at": None}
+    return Change(fields=fields, kind=EventKind.MOVED, data=data)
+
+
 def check_move_target(status: CardStatus) -> None:
     """BadCard unless an operator may move a card to ``status``."""
     if status not in MOVE_TARGETS:

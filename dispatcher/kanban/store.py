@@ -486,6 +486,11 @@ class SqlBoardStore(SqlHistory):
             change = rules.unblock_change(card, parents_done=self._parents_done(conn, card_id))
             return self._apply(conn, card_id, change, now)
 
+    def retry(self, card_id: str, *, reason: str, now: float) -> Card:
+        with self.db.write() as conn:
+            change = rules.retry_change(self._load_card(conn, card_id), reason=reason)
+            return self._apply(conn, card_id, change, now)
+
     def move(self, card_id: str, status: CardStatus, *, now: float) -> Card:
         rules.check_move_target(status)
         with self.db.write() as conn:

@@ -37,7 +37,7 @@ from dispatcher.kanban.model import (
 )
 from dispatcher.kanban.settings import KanbanSettings
 from dispatcher.launch.outcome import Outcome, Result
-from dispatcher.launch.retry import Action, Random, RetryPolicy, Rule
+from dispatcher.launch.retry import ANSWERED, Action, Random, RetryPolicy, Rule
 from registry.usage import ResourceClass
 from scope.foundation.errors import Invalid
 from scope.resources import ScopeProperties
@@ -143,7 +143,7 @@ def after_run(card: Card, run: Run, result: Result, breaker: Breaker, now: float
             },
             events=((EventKind.COMPLETED, data),),
         )
-    if (outcome in COUNTED or outcome is Outcome.TEMPFAIL) and not result.infrastructure:
+    if outcome in ANSWERED and not result.infrastructure:
         # Infrastructure (a degraded worker stopped with its gateway) is never the policy's.
         rule = breaker.policy(card.assignee).configured(outcome, result.exit_code)
         if rule is not None:

@@ -76,8 +76,9 @@ def run_json(run: Run) -> dict[str, Any]:
     }
 
 
-EVENT_TIMES = ("until", "retry_at", "cooldown_until")
-"""Event data keys holding epoch seconds (a deferral's time, the back-off, the cooldown)."""
+EVENT_TIMES = ("until", "retry_at", "cooldown_until", "waited_until")
+"""Event data keys holding epoch seconds (a deferral's time, the back-off, the cooldown, the
+retry time an operator's retry cut short)."""
 
 
 def event_data(event: Event, at: Callable[[float], str | None] = iso) -> dict[str, Any]:
@@ -424,7 +425,7 @@ def tick_text(report: TickReport) -> list[str]:
     summary = (
         f"{len(report.dispatched)} started, {len(report.refused)} refused, "
         f"{len(report.reconciled)} finished, {len(report.promoted)} promoted, "
-        f"{len(report.deferred)} deferred, {len(report.guarded)} in cooldown, "
+        f"{len(report.deferred)} waiting for room, {len(report.guarded)} in cooldown, "
         f"{len(report.backing_off)} backing off"
     )
     if report.limited:

@@ -42,6 +42,13 @@ __all__ = [
 SIGNALS = ("memory_pressure", "memory_available", "cpu_pressure")
 """The readings admission looks at, in the order reasons are given."""
 
+_PAIRS = (
+    ("memory_pressure", "memory_pressure_resume", "below"),
+    ("memory_available", "memory_available_resume", "at least"),
+    ("cpu_pressure", "cpu_pressure_resume", "below"),
+)
+"""Each hold threshold, its resume threshold, and the side of it where that one lies."""
+
 _PERCENT = Percent(min=0.01, max=100)
 _RESUME = Percent(min=0, max=100)
 
@@ -94,36 +101,24 @@ class AdmissionSettings:
     )
 
     def check(self) -> None:
-        """Each resume threshold set lies on the calm side of its hold threshold (one left
-        out is derived from it, so it always does)."""
-        resume = self.memory_pressure_resume
-        if (
-            self.memory_pressure is not None
-            and resume is not None
-            and resume >= (self.memory_pressure)
-        ):
-            raise Invalid(
-                "must be below memory_pressure (resume when the pressure has eased)",
-                ("memory_pressure_resume",),
-            )
-        if self.cpu_pressure_resume is not None:
-            if self.cpu_pressure is None:
-                raise Invalid("needs cpu_pressure", ("cpu_pressure_resume",))
-            if self.cpu_pressure_resume >= self.cpu_pressure:
+        """A resume threshold needs its hold threshold (without one it would never apply) and
+        lies on the calm side of it (one left out is derived from it, so it always does)."""
+        for hold, resume, calm in _PAIRS:
+            limit, back = getattr(self, hold), getattr(self, resume)
+            if back is None:
+                continue
+            if limit is None:
                 raise Invalid(
-                    "must be below cpu_pressure (resume when the pressure has eased)",
-                    ("cpu_pressure_resume",),
+                    f"is set but {hold} is null, so it would never apply; set {hold} or "
+                    f"remove {resume}",
+                    (resume,),
                 )
-        floor = self.memory_available_resume
-        if (
-            self.memory_available is not None
-            and floor is not None
-            and floor < (self.memory_available)
-        ):
-            raise Invalid(
-                "must be at least memory_available (resume when memory is back)",
-                ("memory_available_resume",),
-            )
+            if (back >= limit) if calm == "below" else (back < limit):
+                raise Invalid(
+                    f"must be {calm} {hold} (resume when "
+                    + ("the pressure has eased)" if calm == "below" else "memory is back)"),
+                    (resume,),
+                )
 
     @property
     def memory_resume(self) -> float | None:

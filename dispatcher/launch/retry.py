@@ -51,6 +51,7 @@ from scope.foundation.text import quote
 from scope.resources import ScopeProperties
 
 __all__ = [
+    "ANSWERED",
     "BUILTIN_RULES",
     "Action",
     "Backoff",
@@ -62,6 +63,23 @@ __all__ = [
     "decide",
     "parse_exit_range",
 ]
+
+ANSWERED = frozenset(
+    {
+        Outcome.FAILED,
+        Outcome.TIMED_OUT,
+        Outcome.LOST,
+        Outcome.FAILED_START,
+        Outcome.CONFIG_ERROR,
+        Outcome.OOM_KILLED,
+        Outcome.TEMPFAIL,
+    }
+)
+"""The outcomes a policy's rules are asked about: a try that failed by the worker's own doing.
+Kanban's taxonomy and cron's :mod:`~dispatcher.cron.retries` consult the rules only for these
+(and never for an infrastructure failure); every other outcome is settled before any rule is
+read (``completed``, ``deferred``, ``spawn_refused``, ``reclaimed``, ``replaced``, cron's own
+decisions), so a rule naming one of them could never match and is refused at load."""
 
 Random = Callable[[], float]
 """A random source: returns a float in [0, 1) (``random.Random().random``)."""
@@ -144,11 +162,17 @@ class _Outcomes(Kind):
         if not isinstance(value, list):
             raise Invalid(f"expected a list of outcome names, got {quote(value)}")
         names = {member.value: member for member in Outcome}
+        allowed = ", ".join(o.value for o in Outcome if o in ANSWERED)
         out = []
         for index, item in enumerate(value):
             if item not in names:
-                allowed = ", ".join(names)
                 raise Invalid(f"unknown outcome {quote(item)}; use one of: {allowed}", (index,))
+            if names[item] not in ANSWERED:
+                raise Invalid(
+                    f"outcome {quote(item)} never reaches the retry policy (it is settled "
+                    f"before any rule is read); name one of: {allowed}",
+                    (index,),
+                )
             out.append(names[item])
         return tuple(out)
 
@@ -218,6 +242,22 @@ class Rule:
         "{memory_max: 2GiB} after oom_killed); kanban only for now. See docs/resources.md.",
     )
 
+    def check(self) -> None:
+        """``fail`` ends the tries now: an uncounted retry or a class for the next try
+        contradicts it."""
+        if self.action is Action.FAIL and not self.counted:
+            raise Invalid(
+                "counted: false applies to a retry, but action fail gives up at once; "
+                "remove counted, or use action: retry",
+                ("counted",),
+            )
+        if self.action is Action.FAIL and self.resources is not None:
+            raise Invalid(
+                "resources apply to the next try, but action fail gives up at once; "
+                "remove resources, or use action: retry",
+                ("resources",),
+            )
+
     @property
     def label(self) -> str:
         """How events and history name the rule: its ``name``, else its criteria
@@ -230,6 +270,16 @@ class Rule:
             parts.append(f"exit {codes}")
         return "rule " + (" ".join(parts) or "(any)")
 
+    def covers(self, later: Rule) -> bool:
+        """Whether this rule matches every try ``later`` would (of those a policy is asked
+        about, :data:`ANSWERED`, with any exit code or none): placed after this one, ``later``
+        never decides (the first match wins)."""
+        if not set(later.outcomes or ANSWERED) <= set(self.outcomes or ANSWERED):
+            return False
+        if not self.exit_codes:
+            return True
+        return bool(later.exit_codes) and _codes(later.exit_codes) <= _codes(self.exit_codes)
+
     def matches(self, outcome: Outcome, exit_code: int | None) -> bool:
         """Whether the try that ended with ``outcome``/``exit_code`` falls under this rule."""
         if self.outcomes and outcome not in self.outcomes:
@@ -239,6 +289,10 @@ class Rule:
                 return False
             return any(low <= exit_code <= high for low, high in self.exit_codes)
         return True
+
+
+def _codes(ranges: tuple[tuple[int, int], ...]) -> frozenset[int]:
+    return frozenset(code for low, high in ranges for code in range(low, high + 1))
 
 
 BUILTIN_RULES: tuple[Rule, ...] = (
@@ -270,6 +324,21 @@ class RetryPolicy:
     rules: tuple[Rule, ...] = setting(
         (), kind=ListOf(Record(Rule)), doc="Rules by exit code or outcome; first match wins."
     )
+
+    def check(self) -> None:
+        """Every configured rule can decide: none comes after one that already matches every
+        try it would (it could never apply)."""
+        for index, later in enumerate(self.rules):
+            first = next(
+                (i for i, rule in enumerate(self.rules[:index]) if rule.covers(later)), None
+            )
+            if first is not None:
+                raise Invalid(
+                    f"never applies: rules[{first}] before it matches every try this rule "
+                    f"would (the first matching rule decides); move it above rules[{first}] "
+                    "or remove it",
+                    ("rules", index),
+                )
 
     def match(self, outcome: Outcome, exit_code: int | None) -> Rule | None:
         """The first configured rule, then built-in rule, matching; None when none does."""

@@ -100,6 +100,9 @@ class ExitRecord:
     """True once the keeper stopped capturing (no later rewrite will come)."""
     usage: Usage | None = None
     """What the worker used (the keeper reads its scope's counters when the worker ends)."""
+    unit_result: str | None = None
+    """The ``Result`` the keeper read of its own scope as the worker ended (only when the
+    scope has a runtime_max): ``timeout`` means its manager stopped it at ``RuntimeMaxSec=``."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ExitRecord:
@@ -116,6 +119,7 @@ class ExitRecord:
             writer=str(data.get("writer") or "keeper"),
             final=bool(data.get("final")),
             usage=Usage.from_json(data.get("usage")),
+            unit_result=_opt_str(data.get("unit_result")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -133,6 +137,7 @@ class ExitRecord:
             "writer": self.writer,
             "final": True,
             "usage": self.usage.to_json() if self.usage is not None else None,
+            "unit_result": self.unit_result,
         }
 
 
@@ -434,6 +439,10 @@ def _opt_int(value: Any) -> int | None:
 
 def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def write_bounded(fd: int, data: bytes, *, timeout: float, session_id: str) -> None:

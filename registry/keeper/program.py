@@ -20,8 +20,11 @@ whoever launched it. What it does, in order:
 5. forwards SIGTERM/SIGINT/SIGHUP to the worker's group and enforces the session timeout itself
    (SIGTERM, grace, SIGKILL; inside its own scope also every other pid of its cgroup);
 6. writes ``exit.json`` (temp + fsync + rename, space reserved at start so a full disk cannot
-   stop it) as soon as the direct child exits, then keeps capturing what descendants still
-   write until EOF or the drain bound, and rewrites the record once more if bytes arrived;
+   stop it) as soon as the direct child exits, with its scope's counters and, under a
+   runtime_max, the unit's ``Result`` asked of the manager while the keeper still holds the
+   scope (``timeout``: the manager stopped it at ``RuntimeMaxSec=``); then keeps capturing
+   what descendants still write until EOF or the drain bound, and rewrites the record once
+   more if bytes arrived;
 7. in PTY mode answers the terminal queries a worker may block on (:class:`TermResponder`)
    and keeps them out of the log.
 
@@ -63,6 +66,12 @@ DISK_ERRORS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 TIME_STEP = 0.05
 """Seconds between two entries of ``output.times`` (output in between shares the earlier one)."""
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+UNIT_ENV = b"DISPATCH_SCOPE_UNIT"
+SYSTEMCTL_ENV = b"DISPATCH_SCOPE_SYSTEMCTL"
+MANAGER_ENV = b"DISPATCH_SCOPE_MANAGER"
+"""Set by the scope layer when our scope has a runtime_max (scope/abc.py: manager_env)."""
+RESULT_BOUND = 3.0
+"""Seconds to wait for the manager's answer about our unit (a scope's stop allows 90 s)."""
 _ALIASES = {"SIGIOT", "SIGCLD", "SIGPOLL"}
 
 
@@ -487,6 +496,8 @@ class Keeper:
         self.status: int | None = None
         self.timed_out = False
         self.timeout_signal: int | None = None
+        self.unit_result: str | None = None
+        """Our scope's ``Result`` when the worker ended (only asked under a runtime_max)."""
         self.forwarded: list[str] = []
         self.stop_requested = False
         self.recorded_total = -1
@@ -638,6 +649,7 @@ class Keeper:
             "session": self.session,
             "keeper_pid": posix.getpid(),
             "keeper_start": start_time("self"),
+            "unit_result": self.unit_result,
             "worker_pid": self.worker_pid,
             "worker_start": self.worker_start,
             "started_at": self.started_at,
@@ -970,6 +982,22 @@ class Keeper:
             self.finished_at = time.time()
             # Read while the scope still holds its counters (we are in it until we exit).
             self.usage = {**cgroup_usage(self.session), **used}
+            self.unit_result = self.stop_result()
+
+    def stop_result(self) -> str | None:
+        """Our scope's ``Result`` when the worker may have been stopped by its manager.
+
+        A runtime_max stop signals everything in the scope, us included, and sets the unit's
+        ``Result`` to ``timeout`` first; a stop by anyone else leaves it ``success``. Asked
+        now, while we still hold the scope (an empty one is collected at once), unless the
+        worker exited 0 with no stop signal seen, or our own timeout ended it."""
+        for sig in self.take_signals():
+            self.on_signal(sig)  # a SIGTERM sent with the worker's may still be pending
+        status = self.status or 0
+        clean = posix.WIFEXITED(status) and posix.WEXITSTATUS(status) == 0
+        if self.timed_out or (clean and "SIGTERM" not in self.forwarded):
+            return None
+        return unit_result(posix.environ)
 
     def take_stdin(self, poller: select.poll) -> None:
         """PTY mode: FIFO bytes are buffered for the PTY master (the FIFO pauses when full)."""
@@ -1047,6 +1075,7 @@ class Keeper:
             "disk_lost_bytes": self.disk_lost,
             "forwarded_signals": self.forwarded,
             "timeout_signal": signal_name(self.timeout_signal) if self.timeout_signal else None,
+            "unit_result": self.unit_result,
             "worker_pid": self.worker_pid,
             "worker_start": self.worker_start,
             "keeper_pid": posix.getpid(),
@@ -1185,6 +1214,93 @@ def _own_scope_pids(session: str) -> list[int]:
         return [int(x) for x in _read_all(fd).split()]
     finally:
         posix.close(fd)
+
+
+# -- how our scope ended (its manager's word) ---------------------------------------------------
+
+
+def unit_result(environ: Any, bound: float = RESULT_BOUND) -> str | None:
+    """The ``Result`` of the unit named in ``environ`` (:data:`UNIT_ENV`), as its manager
+    reports it now through ``systemctl show``; None when not set up to ask, or without an
+    answer within ``bound`` seconds (the caller then knows nothing more than before)."""
+    unit, tool = environ.get(UNIT_ENV), environ.get(SYSTEMCTL_ENV)
+    if not unit or not tool:
+        return None
+    argv = [tool]
+    if environ.get(MANAGER_ENV) != b"system":
+        argv.append(b"--user")
+    argv += [b"show", b"--property=Result", b"--value", unit]
+    env = {b"PATH": DEFAULT_PATH.encode(), b"LC_ALL": b"C"}
+    for key in (b"XDG_RUNTIME_DIR", b"DBUS_SESSION_BUS_ADDRESS"):
+        if key in environ:
+            env[key] = environ[key]
+    read_fd, write_fd = posix.pipe()
+    try:
+        pid = posix.posix_spawn(
+            tool,
+            argv,
+            env,
+            file_actions=[
+                (posix.POSIX_SPAWN_OPEN, 0, "/dev/null", posix.O_RDONLY, 0),
+                (posix.POSIX_SPAWN_DUP2, write_fd, 1),
+                (posix.POSIX_SPAWN_OPEN, 2, "/dev/null", posix.O_WRONLY, 0),
+            ],
+            # The manager's stop signals every pid it finds in the scope until no new one
+            # appears: ours may be among them. Blocked, SIGTERM cannot cut the answer short.
+            setsigmask=(_signal.SIGTERM,),
+            setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGHUP),
+        )
+    except OSError:
+        posix.close(read_fd)
+        posix.close(write_fd)
+        return None
+    posix.close(write_fd)
+    deadline = time.monotonic() + bound
+    try:
+        text = _read_until(read_fd, deadline)
+    finally:
+        posix.close(read_fd)
+    if not _reaped(pid, deadline):
+        return None
+    answer = text.decode("ascii", "replace").strip()
+    return answer if answer and answer.replace("-", "").isalpha() else None
+
+
+def _read_until(fd: int, deadline: float) -> bytes:
+    """What ``fd`` yields until EOF or ``deadline`` (a short answer: capped at 4 KiB)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    data = b""
+    while len(data) < 4096:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(int(left * 1000) + 1):
+            return data
+        chunk = posix.read(fd, 4096)
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def _reaped(pid: int, deadline: float) -> bool:
+    """Reap our ``pid``: True when it exited 0 by ``deadline``; else it is killed (it is our
+    own unreaped child, so the pid is still its) and False."""
+    while True:
+        try:
+            done, status = posix.waitpid(pid, posix.WNOHANG)
+        except ChildProcessError:
+            return False
+        if done == pid:
+            return posix.WIFEXITED(status) and posix.WEXITSTATUS(status) == 0
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.005)  # a bounded poll: the child closed its output and is exiting
+    try:
+        posix.kill(pid, _signal.SIGKILL)
+        posix.waitpid(pid, 0)
+    except OSError:
+        pass
+    return False
 
 
 # -- what the worker used (cgroup counters) -----------------------------------------------------

@@ -20,7 +20,7 @@ from registry.lifecycle.parts import Parts
 from registry.lifecycle.view import Viewer
 from registry.store.events import EventDraft
 from registry.store.sessions import Counted, FinalFields, StoredSession
-from registry.usage import oom_reason
+from registry.usage import oom_reason, runtime_max_text
 
 __all__ = ["Finalizer"]
 
@@ -134,6 +134,11 @@ class Finalizer:
             # with its own code (the kill merely raced it).
             state = intent.state
             reason = f"{intent.reason} ({record.reason})"
+        if state is SessionState.EXITED and record.unit_result == "timeout":
+            # The manager stopped the scope at its RuntimeMaxSec= (the keeper asked it while
+            # the stop was under way); a stop by anyone else leaves the Result "success".
+            state = SessionState.TIMED_OUT
+            reason = f"{runtime_max_text(stored.session.resources)}; {record.reason}"
         oom = oom_reason(
             exited=state is SessionState.EXITED,
             signal=record.signal,

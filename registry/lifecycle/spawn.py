@@ -236,6 +236,8 @@ class Spawner:
                     start_new_session=True,
                     resources=request.resources,
                     starter=self.options.starter,
+                    # The keeper asks its unit's Result: a runtime_max stop is a timeout.
+                    manager_env=True,
                 ),
                 request.caller,
                 wants_isolation=request.wants_isolation,

@@ -221,6 +221,69 @@ def test_unblock_resets_counts(store: BoardStore) -> None:
         store.unblock(card_id, now=NOW)
 
 
+def test_retry_cuts_a_back_off_short_and_starts_over(store: BoardStore) -> None:
+    breaker = Breaker(
+        retry=RetryPolicy(attempts=4, backoff=Backoff(initial=60, jitter=Jitter.NONE))
+    )
+    card_id = add(store)
+    run = store.claim(card_id, now=NOW, claimer=ME, limits=WIDE).run
+    assert run is not None
+    failed = Result(outcome=Outcome.FAILED, exit_code=1, error="flaky")
+    store.close_run(run.run_id, failed, lambda c, r: after_run(c, r, failed, breaker, NOW), now=NOW)
+    waiting = store.get_card(card_id)
+    assert (waiting.retry_at, waiting.consecutive_failures) == (NOW + 60, 1)
+    before = len(store.events_of(card_id))
+    card = store.retry(card_id, reason="the API is back", now=NOW + 1)
+    assert (card.status, card.retry_at, card.consecutive_failures, card.tempfail_count) == (
+        CardStatus.READY,
+        None,
+        0,
+        0,
+    )
+    (event,) = store.events_of(card_id)[before:]
+    assert event.kind == EventKind.MOVED
+    assert event.data == {
+        "from": "ready",
+        "to": "ready",
+        "by": "operator",
+        "action": "retry",
+        "reason": "the API is back",
+        "waited_until": NOW + 60,
+    }
+    again = store.claim(card_id, now=NOW + 1, claimer=ME, limits=WIDE).run
+    assert again is not None and again.attempt == 2
+    # Compare-and-set: the card as it is now (running) decides; nothing changes.
+    with pytest.raises(WrongStatus):
+        store.retry(card_id, reason="r", now=NOW + 2)
+    assert store.get_card(card_id).current_run_id == again.run_id
+
+
+def test_retry_takes_finished_and_deferred_cards_and_refuses_one_waiting_for_nothing(
+    store: BoardStore,
+) -> None:
+    plain = add(store)
+    with pytest.raises(WrongStatus) as refused:
+        store.retry(plain, reason="r", now=NOW)
+    assert "runs anyway" in str(refused.value)
+    assert [e.kind for e in store.events_of(plain)] == ["created"]
+    deferred = add(store)
+    deferral = {"by": "worker", "until": NOW + 300, "reason": None}
+    store.append_event(
+        deferred, EventKind.DEFERRED, deferral, now=NOW, fields={"retry_at": NOW + 300}
+    )
+    assert store.retry(deferred, reason="r", now=NOW).retry_at is None
+    for status in (CardStatus.DONE, CardStatus.BLOCKED, CardStatus.REVIEW):
+        card_id = add(store)
+        store.append_event(
+            card_id, EventKind.MOVED, {}, now=NOW, fields={"status": status, "completed_at": NOW}
+        )
+        card = store.retry(card_id, reason="again", now=NOW)
+        assert (card.status, card.completed_at) == (CardStatus.READY, None)
+        assert store.events_of(card_id)[-1].data["from"] == status.value
+    with pytest.raises(NotFoundError):
+        store.retry("c_0000000000", reason="r", now=NOW)
+
+
 def test_transient_blocks_end_by_themselves(store: BoardStore) -> None:
     card_id = add(store)
     store.append_event(
