@@ -339,7 +339,7 @@ class HookContext:
     """None while the session runs."""
     purpose: str
     """``poll``, ``wait``, ``kill``, ``preview``, ``completion``, ``heartbeat``, ``watch``,
-    ``logs``, ``web``."""
+    ``logs``, ``web``, ``notify``."""
 
 
 OutputTransform = Callable[[str, HookContext], str]
@@ -508,6 +508,13 @@ class Registry(abc.ABC):
         """``text`` (output of ``session``) after the output hooks: the transform hook, then
         redaction, as every output a program gets (for callers that reshape raw log bytes
         first, such as a web page making them inert)."""
+
+    @abc.abstractmethod
+    def tail(self, session_id: str, chars: int, *, purpose: str) -> Snapshot:
+        """The session and the last ``chars`` characters of its output, for a program that
+        carries them on (a notification's message: purpose ``notify``). The hooks run on a
+        wider end of the output than is kept, so a secret the cut runs through is still
+        masked; ``output_cut`` counts the characters left out."""
 
     @abc.abstractmethod
     def write_stdin(self, session_id: str, data: bytes) -> None:

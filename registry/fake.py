@@ -411,6 +411,14 @@ class FakeRegistry(Registry):
     def apply_hooks(self, session: Session, text: str, *, purpose: str) -> str:
         return self._handed(text, session, session.exit_code, purpose)
 
+    def tail(self, session_id: str, chars: int, *, purpose: str) -> Snapshot:
+        session = self.get(session_id)
+        # The whole output is in memory: the hooks see all of it, then it is cut.
+        text = bytes(self.outputs[session_id]).decode("utf-8", "replace")
+        handed = self._handed(text, session, session.exit_code, purpose)
+        kept = handed[-chars:] if chars > 0 else ""
+        return Snapshot(session=session, output=kept, output_cut=len(handed) - len(kept))
+
     def _logs_hooks(self, session: Session) -> Callable[[str], str]:
         return lambda text: self._handed(text, session, session.exit_code, "logs")
 

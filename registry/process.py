@@ -284,6 +284,10 @@ class ProcessRegistry(Registry):
     def apply_hooks(self, session: Session, text: str, *, purpose: str) -> str:
         return self.viewer.handed(text, session, session.exit_code, purpose)
 
+    def tail(self, session_id: str, chars: int, *, purpose: str) -> Snapshot:
+        stored = self.reconciler.refresh(self.parts.load(session_id))
+        return self.viewer.tail(stored, max(0, chars), purpose)
+
     def write_stdin(self, session_id: str, data: bytes) -> None:
         stored = self.reconciler.refresh(self.parts.load(session_id))
         session = stored.session

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from dispatcher.app.database import open_state
 from dispatcher.kanban.store import SqlBoardStore, SqliteBoardStore
-from dispatcher.launch.outbox import Outbox
+from dispatcher.launch.outbox import OUTPUT_TAIL, Outbox
 from registry.store.database import StateDB
 from scope.foundation.clock import Clock, SystemClock
 
@@ -221,7 +221,7 @@ def open_cluster_state(
             if owns_local:
                 db_local.close()
             raise
-    _route(state, settings.notify.routes())
+    _route(state, settings.notify.routes(), settings.notify.output_tail)
     return state
 
 
@@ -239,10 +239,10 @@ def _single_host(local: StateDB, owns_local: bool) -> ClusterState:
     return ClusterState(board=SqliteBoardStore(local), local=local, owns_local=owns_local)
 
 
-def _route(state: ClusterState, routes: Sequence[Route]) -> None:
+def _route(state: ClusterState, routes: Sequence[Route], output_tail: int = OUTPUT_TAIL) -> None:
     # Every process that changes the board routes its events to the outbox the same way.
     # Always an outbox (maybe routing nothing): a reload that adds rules changes its routes.
-    state.outbox = Outbox(routes)
+    state.outbox = Outbox(routes, output_tail=output_tail)
     state.board.outbox = state.outbox
 
 

@@ -36,6 +36,7 @@ from dispatcher.launch.limits import LimitWait, Tally, Wants
 
 if TYPE_CHECKING:
     from dispatcher.cron.changes import FireChange
+    from dispatcher.launch.outbox import Outbox
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +96,10 @@ class LedgerTx(abc.ABC):
 
 class LedgerStore(abc.ABC):
     """Reads and writes the cron ledger (see the module docstring)."""
+
+    outbox: Outbox | None = None
+    """Where settled fires and pauses queue their notifications in their own transaction
+    (None: nowhere; the memory ledger never queues any)."""
 
     @abc.abstractmethod
     def transaction(self) -> AbstractContextManager[LedgerTx]:

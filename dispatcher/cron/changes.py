@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.cron.records import RetryKind, Status, Try, dump_tries
 from dispatcher.launch.outcome import Outcome
+
+if TYPE_CHECKING:
+    from dispatcher.launch.outbox import Tail
 
 __all__ = ["UNSET", "FireChange", "Unset"]
 
@@ -54,13 +57,16 @@ class FireChange:
     retry_kind: RetryKind | Unset | None = UNSET
     retry_reason: str | Unset | None = UNSET
     tries: tuple[Try, ...] | Unset = UNSET
+    output: Tail | None = None
+    """No column: the end of the worker's output for the message of the fire's end (read
+    before the update's transaction, :meth:`~dispatcher.launch.outbox.Outbox.tail`)."""
 
     def columns(self) -> dict[str, Any]:
         """The columns this change sets, with their stored values."""
         found: dict[str, Any] = {}
         for item in fields(self):
             value = getattr(self, item.name)
-            if value is UNSET:
+            if value is UNSET or item.name == "output":
                 continue
             if item.name == "tries":
                 value = dump_tries(value)

@@ -256,6 +256,10 @@ class FireRunner:
         if verdict.next is not None:
             return self._retry(row, verdict, result, session, expect)
         change = _final_change(row, result, session, now, verdict)
+        outbox = self.ledger.outbox
+        if outbox is not None and session is not None:
+            # Read before the transaction opens: no lock is held while a log is read.
+            change = replace(change, output=outbox.tail(self.registry, session.id))
         pause = job is not None and verdict.exhausted and job.on_exhausted is OnExhausted.PAUSE
         paused = False
         with self.ledger.transaction() as tx:

@@ -178,7 +178,7 @@ class Tx(LedgerTx):
 
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set: update the row only if its status is one of ``expect``."""
-        return _update(self.conn, row_id, expect, change.columns(), self.outbox)
+        return _update(self.conn, row_id, expect, change, self.outbox)
 
     def set_paused(self, job_id: str, paused: bool, now: float, reason: str | None = None) -> bool:
         """Pause (``reason``: dispatch paused it itself) or resume; False when the job already
@@ -278,7 +278,7 @@ class Ledger(SqlFireHistory, LedgerStore):
     def update(self, row_id: int, expect: Sequence[Status], change: FireChange) -> bool:
         """Compare-and-set on the status (see :meth:`Tx.update`), in its own transaction."""
         with self.db.write() as conn:
-            return _update(conn, row_id, expect, change.columns(), self.outbox)
+            return _update(conn, row_id, expect, change, self.outbox)
 
     def take(self, row_id: int, change: FireChange, wants: Wants, *, now: float) -> Take:
         """See :meth:`LedgerStore.take` (the write lock serializes every taking of limits)."""
@@ -493,9 +493,10 @@ def _update(
     conn: sqlite3.Connection,
     row_id: int,
     expect: Sequence[Status],
-    values: dict[str, Any],
+    change: FireChange,
     outbox: Outbox | None = None,
 ) -> bool:
+    values = change.columns()
     for name in values:
         if name not in COLUMNS or name == "id":
             raise ValueError(f"unknown ledger column {name!r}")
@@ -512,5 +513,5 @@ def _update(
         holds.release(conn, Holder("fire", str(row_id)), values.get("ended_at") or 0.0)
     if changed and values.get("status") == Status.DONE and outbox is not None:
         # The message commits with the outcome or not at all.
-        notices.fires(conn, outbox, [row_id])
+        notices.fires(conn, outbox, [row_id], change.output)
     return changed

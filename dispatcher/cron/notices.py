@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dispatcher.cron.records import FireRecord
-from dispatcher.launch.outbox import Outbox, Subject
+from dispatcher.launch.outbox import ENDINGS, Outbox, Subject, Tail
 
 __all__ = ["NOTIFIED", "fires", "paused"]
 
@@ -24,8 +24,9 @@ NOTIFIED = {
 """The outcomes of a settled fire a notification rule can listen to, by their notify name."""
 
 
-def fires(conn: Any, outbox: Outbox, row_ids: Sequence[int]) -> None:
-    """Queue the message of each of these rows that is settled with a notified outcome."""
+def fires(conn: Any, outbox: Outbox, row_ids: Sequence[int], output: Tail | None = None) -> None:
+    """Queue the message of each of these rows that is settled with a notified outcome
+    (``output``: the end of its worker's output, for a fire that ran)."""
     if not any(outbox.wants(event) for event in set(NOTIFIED.values())):
         return
     for row_id in row_ids:
@@ -47,6 +48,8 @@ def fires(conn: Any, outbox: Outbox, row_ids: Sequence[int]) -> None:
                 "ended_at": fire.ended_at,
             },
         }
+        if output is not None and event in ENDINGS:
+            fields |= output.fields()
         at = fire.ended_at if fire.ended_at is not None else fire.decided_at
         outbox.record(conn, event, fields, Subject(job=fire.job_id), at)
 

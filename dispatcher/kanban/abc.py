@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # annotations only: every short write command loads this cont
     from dispatcher.kanban.search import CardPage, CardQuery
     from dispatcher.launch.claimant import Claimant
     from dispatcher.launch.limits import LimitWait, Tally, Wants
+    from dispatcher.launch.outbox import Outbox
     from dispatcher.launch.outcome import Outcome, Result
 
 
@@ -83,6 +84,10 @@ Decide = Callable[[Card, Run], CardChange]
 
 class BoardStore(abc.ABC):
     """Cards, runs and events (see the module docstring)."""
+
+    outbox: Outbox | None = None
+    """Where events queue their notifications in their own transaction (None: nowhere; the
+    memory store never queues any)."""
 
     # -- cards -------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.kanban.model import EventKind
-from dispatcher.launch.outbox import Outbox, Subject
+from dispatcher.launch.outbox import ENDINGS, Outbox, Subject, Tail
 
 __all__ = ["NOTIFIED", "REFUSING_KEY", "notify_events", "record"]
 
@@ -63,8 +63,11 @@ def record(
     data: Mapping[str, Any],
     now: float,
     run_id: str | None,
+    output: Tail | None = None,
 ) -> None:
-    """Queue what the card event ``kind`` notifies, on ``conn`` (the event's transaction)."""
+    """Queue what the card event ``kind`` notifies, on ``conn`` (the event's transaction);
+    ``output`` goes with the messages of a run's end (:data:`~dispatcher.launch.outbox.
+    ENDINGS`)."""
     events = [e for e in notify_events(kind, data) if outbox.wants(e)]
     if kind in (EventKind.SPAWN_REFUSED, EventKind.SPAWNED):
         _infrastructure(outbox, conn, card_id, kind, data, now)
@@ -76,7 +79,8 @@ def record(
     card = {"id": card_id, "title": row[0], "assignee": row[1], "status": row[2], "group": row[3]}
     fields = {"card": card, "run_id": run_id, "data": dict(data)}
     for event in events:
-        outbox.record(conn, event, fields, Subject(assignee=row[1], group=row[3]), now)
+        told = fields | output.fields() if output is not None and event in ENDINGS else fields
+        outbox.record(conn, event, told, Subject(assignee=row[1], group=row[3]), now)
 
 
 def _infrastructure(

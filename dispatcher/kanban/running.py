@@ -161,6 +161,10 @@ class RunLauncher:
             return after_run(card, current, result, self.breaker, now)
 
         result = deferred(self.store.get_card(run.card_id), run, result)
+        outbox = self.store.outbox
+        if outbox is not None and result.output is None:
+            # Read here, before close_run's transaction: no lock is held while a log is read.
+            result = replace(result, output=outbox.tail(self.registry, result.session_id))
 
         done = self.store.close_run(run.run_id, result, decide, now=now)
         if done is None:

@@ -19,7 +19,7 @@ from dispatcher.kanban.abc import BoardStore
 from dispatcher.kanban.history import READY_KINDS
 from dispatcher.kanban.model import Card, EventKind, Run
 from dispatcher.kanban.rows import CARD_COLUMNS, CARD_FIELDS, COLUMN_OF, card_of, db_value, run_of
-from dispatcher.launch.outbox import Outbox
+from dispatcher.launch.outbox import Outbox, Tail
 from scope.foundation.errors import NotFoundError
 from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
@@ -101,14 +101,18 @@ class SqlBoard(BoardStore):
         data: Mapping[str, Any],
         now: float,
         run_id: str | None = None,
+        *,
+        output: Tail | None = None,
     ) -> None:
+        """Append an event and queue its notification (``output``: the end of the worker's
+        output, for the messages of a run's end)."""
         conn.execute(
             "INSERT INTO kanban_events (card_id, run_id, kind, at, data) VALUES (?, ?, ?, ?, ?)",
             (card_id, run_id, kind.value, now, json.dumps(dict(data), default=str)),
         )
         if self.outbox is not None:
             # Same connection, same transaction: the message commits with its event or not at all.
-            notices.record(self.outbox, conn, card_id, kind, data, now, run_id)
+            notices.record(self.outbox, conn, card_id, kind, data, now, run_id, output)
 
     @staticmethod
     def _update(conn: SqlConnection, card_id: str, fields: Mapping[str, Any], now: float) -> None:

@@ -441,7 +441,7 @@ class SqlBoardStore(SqlHistory):
         if fields:
             self._update(conn, card.id, fields, now)
         for kind, data in change.events:
-            self._event(conn, card.id, kind, data, now, run_id)
+            self._event(conn, card.id, kind, data, now, run_id, output=result.output)
         self._bump(conn)
         return self._load_run(conn, run_id), self._load_card(conn, card.id)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from dispatcher.launch.outbox import Tail
     from registry.abc import Session
 
 __all__ = [
@@ -87,6 +88,9 @@ class Result:
     """Not the worker's fault (no scope, the host out of resources, the host lost its lease,
     a degraded worker taken down by its gateway): never counted against a card or a job."""
     session_id: str | None = None
+    output: Tail | None = None
+    """The end of the worker's output for the messages the settle writes (read before its
+    transaction, :meth:`~dispatcher.launch.outbox.Outbox.tail`); never stored on the run."""
 
 
 def outcome_of(session: Session) -> Result:

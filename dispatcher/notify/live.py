@@ -43,6 +43,7 @@ class Notifications:
         """Route and deliver by ``settings`` from now on (a ``ConfigError`` changes nothing)."""
         secrets = load_secrets(settings, self.source)
         self.outbox.routes = tuple(settings.routes())
+        self.outbox.output_tail = settings.output_tail
         if not settings.rules:
             self.close()
             return

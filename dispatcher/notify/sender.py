@@ -51,6 +51,7 @@ __all__ = [
     "load_secrets",
     "secret_errors",
     "sign",
+    "slack_text",
 ]
 
 log = logging.getLogger("dispatch.notify")
@@ -148,13 +149,29 @@ class Answer:
     detail: str
 
 
-def _slack_text(message: Mapping[str, Any]) -> str:
+def _inert(text: str) -> str:
+    """``text`` as Slack shows it literally: its three control characters escaped (so a
+    title or an output line cannot make a link or ping a channel)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_text(message: Mapping[str, Any]) -> str:
+    """The ``text`` of a ``format: slack`` body: the event and its subject, then the worker's
+    output (already capped by ``notify.output_tail``) in a code block."""
     card = message.get("card") or {}
+    job = message.get("job")
     if card:
         title, who = card.get("title"), card.get("assignee")
-        return f"{message['event']}: card {card.get('id')} {title!r} ({who})"
-    job = message.get("job")
-    return f"{message['event']}: cron job {job}" if job else str(message["event"])
+        text = f"{message['event']}: card {card.get('id')} {_inert(repr(title))} ({who})"
+    else:
+        text = f"{message['event']}: cron job {job}" if job else str(message["event"])
+    output = message.get("output")
+    if output:
+        # A run of backticks in the output would close the block early.
+        shown = _inert(str(output)).replace("```", "`\u200b``")
+        cut = "(earlier output cut)\n" if message.get("output_cut") else ""
+        text += f"\n{cut}```\n{shown.rstrip(chr(10))}\n```"
+    return text
 
 
 def _post(channel: Channel, body: str, secret: bytes | None) -> Answer:
@@ -163,7 +180,7 @@ def _post(channel: Channel, body: str, secret: bytes | None) -> Answer:
     message = json.loads(body)
     payload = body.encode()
     if hook.format is WebhookFormat.SLACK:
-        payload = json.dumps({"text": _slack_text(message)}).encode()
+        payload = json.dumps({"text": slack_text(message)}).encode()
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "dispatch-notify",

@@ -13,7 +13,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.launch.outbox import EVENTS, Route
+from dispatcher.launch.outbox import EVENTS, OUTPUT_TAIL, Route
 from scope.foundation.schema import (
     Argv,
     Bool,
@@ -25,6 +25,7 @@ from scope.foundation.schema import (
     MapOf,
     Optional,
     Record,
+    Size,
     Str,
     setting,
 )
@@ -32,6 +33,9 @@ from scope.foundation.schema import (
 __all__ = ["Channel", "NotifySettings", "Rule", "Webhook", "WebhookFormat", "redacted_url"]
 
 CHANNEL_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+
+MAX_OUTPUT_TAIL = 16 * 1024
+"""The most output a message may carry (a Slack message's text stays well inside its limit)."""
 
 
 class WebhookFormat(enum.StrEnum):
@@ -201,6 +205,12 @@ class NotifySettings:
         86400.0,
         kind=Duration(min=1),
         doc="Give up retrying a message after this long (it is then dead).",
+    )
+    output_tail: int = setting(
+        OUTPUT_TAIL,
+        kind=Size(min=0, max=MAX_OUTPUT_TAIL),
+        doc="Bytes of a worker's last output (hooks and redaction applied) carried by the"
+        " message of a run's or fire's end, at most 16KiB; 0: none.",
     )
 
     def check(self) -> None:

@@ -20,10 +20,13 @@ from registry.output.log import FileLog, Following, Presenter, read
 from registry.output.tail import TailView, decode_tail
 from registry.store.sessions import StoredSession
 
-__all__ = ["EXACT_CUT_BYTES", "Viewer"]
+__all__ = ["EXACT_CUT_BYTES", "TAIL_MARGIN", "Viewer"]
 
 EXACT_CUT_BYTES = 1 << 20
 """Logs up to this size are decoded whole for an exact ``output_cut``."""
+
+TAIL_MARGIN = 1024
+"""Characters before a cut tail that its hooks see too (longer than any secret's shape)."""
 
 
 class Viewer:
@@ -46,6 +49,19 @@ class Viewer:
             session=session,
             output=self.handed(view.text, session, session.exit_code, purpose),
             output_cut=view.cut + session.dropped_bytes,
+        )
+
+    def tail(self, stored: StoredSession, chars: int, purpose: str) -> Snapshot:
+        """The session plus the last ``chars`` characters of its output: the hooks see
+        :data:`TAIL_MARGIN` more, so a secret the cut runs through is masked before it is cut."""
+        view = self.view(stored, chars + TAIL_MARGIN)
+        session = stored.session
+        text = self.handed(view.text, session, session.exit_code, purpose)
+        kept = text[-chars:] if chars else ""
+        return Snapshot(
+            session=session,
+            output=kept,
+            output_cut=view.cut + len(text) - len(kept) + session.dropped_bytes,
         )
 
     def handed(self, text: str, session: Session, exit_code: int | None, purpose: str) -> str:

@@ -151,13 +151,15 @@ class Size(Kind):
 
     label = "size"
 
-    def __init__(self, min: int = 0) -> None:
-        self.min = min
+    def __init__(self, min: int = 0, max: int | None = None) -> None:
+        self.min, self.max = min, max
 
     def convert(self, value: Any) -> Any:
         size = parse_size(value)
         if size < self.min:
             raise Invalid(f"must be at least {format_size(self.min)}, got {quote(value)}")
+        if self.max is not None and size > self.max:
+            raise Invalid(f"must be at most {format_size(self.max)}, got {quote(value)}")
         return size
 
     def dump(self, value: Any) -> Any:

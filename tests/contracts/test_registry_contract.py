@@ -278,6 +278,18 @@ def test_reading_a_log_selects_then_presents(subject: Subject) -> None:
     assert both == b"T a\nT b\nT password=***\nT d"
 
 
+def test_a_tail_is_masked_before_it_is_cut(subject: Subject) -> None:
+    registry = subject.registry
+    session = subject.finish(3, b"x" * 3000 + b"\npassword=hunter2\nlast\n")
+    whole = registry.tail(session.id, 100, purpose="notify")
+    assert whole.output.endswith("\npassword=***\nlast\n") and whole.session.exit_code == 3
+    assert whole.output_cut == 3019 - 100  # 3000 + 19 characters once masked
+    # A cut through the secret shows none of it: the hooks saw the whole line first.
+    cut = registry.tail(session.id, 10, purpose="notify")
+    assert (cut.output, cut.output_cut) == ("=***\nlast\n", 3019 - 10)
+    assert registry.tail(session.id, 0, purpose="notify").output == ""
+
+
 def test_following_a_log_until_its_session_ends(subject: Subject) -> None:
     registry = subject.registry
     session = _spawn(registry)
