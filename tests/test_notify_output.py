@@ -121,7 +121,9 @@ def test_a_failing_workers_last_lines_arrive_redacted_and_capped(tmp_path: Path)
     assert output == "line 48\nline 49\nline 50\nkey ***\nlast\n", output
     assert message["output_cut"] is True and len(output.encode()) <= 40
     slack = next(m["text"] for m in messages if "text" in m)
-    assert slack.endswith("(earlier output cut)\n```\nline 48\nline 49\nline 50\nkey ***\nlast\n```")
+    assert slack.endswith(
+        "(earlier output cut)\n```\nline 48\nline 49\nline 50\nkey ***\nlast\n```"
+    )
     assert SECRET not in json.dumps(messages)
 
 
