@@ -21,7 +21,6 @@ the routing rules are built from the ``notify:`` config section by :mod:`dispatc
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from registry.abc import Registry
 
 __all__ = ["ENDINGS", "EVENTS", "OUTPUT_TAIL", "Outbox", "Route", "Subject", "Tail", "capped"]
-
-log = logging.getLogger("dispatch.notify")
 
 EVENTS: tuple[str, ...] = (
     "card.added",
@@ -180,7 +177,12 @@ class Outbox:
             snapshot = registry.tail(session_id, self.output_tail, purpose="notify")
         except (DispatchError, OSError) as err:
             # The message still goes, without output: the event matters more than its tail.
-            log.warning("output of session %s for a notification: %s", session_id, err)
+            # (logging is imported here: the short write commands load this module, not it.)
+            import logging
+
+            logging.getLogger("dispatch.notify").warning(
+                "output of session %s for a notification: %s", session_id, err
+            )
             return None
         return capped(snapshot.output, snapshot.output_cut > 0, self.output_tail)
 
