@@ -386,6 +386,24 @@ def test_unblock_move_and_archive(dash: Dash) -> None:
     assert dash.json("kanban", "show", card)["status"] == "archived"
 
 
+def test_a_card_page_retries_a_card_the_way_kanban_retry_does(dash: Dash) -> None:
+    dash.sign_in()
+    card = dash.add()
+    # A ready card waiting for nothing has no Retry button, and a forged post is refused.
+    assert f"/cards/{card}/retry" not in dash.client.get(f"/cards/{card}").text
+    wrong = dash.post(f"/cards/{card}/retry", csrf=dash.token("card.retry"))
+    assert wrong.status_code == 409 and "retry" in wrong.text
+    dash.cli("kanban", "move", card, "blocked")
+    page = dash.client.get(f"/cards/{card}").text
+    assert f"/cards/{card}/retry" in page and ">Retry</button>" in page
+    assert dash.post(f"/cards/{card}/retry").status_code == 303
+    shown = dash.json("kanban", "show", card)
+    assert shown["status"] == "ready"
+    moved = shown["events"][-1]
+    assert moved["kind"] == "moved" and moved["data"]["action"] == "retry"
+    assert moved["data"]["reason"] == "retried in dispatch web"
+
+
 def test_the_confirmation_page_carries_the_same_form(dash: Dash) -> None:
     dash.sign_in()
     card = dash.add()

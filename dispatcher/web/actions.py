@@ -1,4 +1,4 @@
-"""The actions (POST): add, edit, unblock, move, archive a card; kill a run or session; pause
+"""The actions (POST): add, edit, retry, unblock, move, archive a card; kill a run or session; pause
 and resume the board; pause, resume and run a cron job now.
 
 Each goes through the call the CLI makes (``Board.add`` ... through a workspace opened and
@@ -162,6 +162,20 @@ async def unblock_card(request: Request) -> Response:
         return None
 
     return await _act(request, "card.unblock", do, default_next=_card_path(request))
+
+
+async def retry_card(request: Request) -> Response:
+    """``POST /cards/{card_id}/retry``: ``dispatch kanban retry`` (a fresh attempt count; a
+    back-off or a worker's defer cut short)."""
+    card_id = request.path_params["card_id"]
+
+    def do(site: Site, form: Form) -> str | None:
+        with site.source.action() as workspace:
+            now = workspace.now()
+            workspace.board.retry(card_id, reason="retried in dispatch web", now=now)
+        return None
+
+    return await _act(request, "card.retry", do, default_next=_card_path(request))
 
 
 async def move_card(request: Request) -> Response:

@@ -102,6 +102,7 @@ def routes(site: Site) -> list[BaseRoute]:
         Route("/cards/{card_id}", pages.card),
         Route("/cards/{card_id}/edit", actions.edit_card, methods=post),
         Route("/cards/{card_id}/unblock", actions.unblock_card, methods=post),
+        Route("/cards/{card_id}/retry", actions.retry_card, methods=post),
         Route("/cards/{card_id}/move", actions.move_card, methods=post),
         Route("/cards/{card_id}/archive", actions.archive_card, methods=post),
         Route("/runs/{run_id}", pages.run_page),

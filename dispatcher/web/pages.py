@@ -180,8 +180,19 @@ def card_context(
         failure_limit=card.failure_limit or source.settings.kanban.limit_for(card.assignee),
         assignees=sorted(source.settings.kanban.assignees),
         move_targets=[s.value for s in MOVE_TARGETS if s is not card.status],
+        retryable=_retryable(card),
     )
     return context
+
+
+def _retryable(card: Any) -> bool:
+    """Whether an operator's retry would take (:func:`~dispatcher.kanban.rules.retry_change`
+    decides; the card page offers the button only then)."""
+    from dispatcher.kanban.rules import RETRYABLE, waits
+
+    if card.current_run_id is not None:
+        return False
+    return card.status in RETRYABLE or (card.status is CardStatus.READY and waits(card))
 
 
 async def card(request: Request) -> Response:
