@@ -137,6 +137,34 @@ def test_runtime_max_is_a_timeout_and_other_stops_are_not(
     assert outcome_of(killed).outcome is Outcome.FAILED
 
 
+STUBBORN = (
+    "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\ntime.sleep(60)\n"
+)
+
+
+@pytest.mark.systemd
+def test_a_worker_ignoring_the_stop_is_killed_after_the_grace_and_reads_timed_out(
+    tmp_path: Path, systemd_manager: SystemdManager, leak_guard
+) -> None:
+    # The manager's stop would wait 90 s (TimeoutStopSec=), then SIGKILL the keeper too, which
+    # could then write no record (lost): the keeper ends the worker itself after kill_grace.
+    env = dict(systemd_manager.env)
+    env.pop("INVOCATION_ID", None)
+    scoper = open_scoper(ScopeSettings(backend=BackendKind.DBUS), Policy(), environ=env)
+    argv = [sys.executable, "-I", "-c", STUBBORN]
+    try:
+        with open_registry(tmp_path / "state", scoper, kill_grace=0.5) as registry:
+            started = registry.spawn(request(argv, resources=ScopeProperties(runtime_max=1)))
+            assert started.placement is Placement.SCOPED
+            wait_for(lambda: b"ready" in registry.read_log(started.id), 10, what="ready")
+            ended = registry.wait(started.id, timeout=20).snapshot.session
+    finally:
+        scoper.close()
+    assert ended.state is SessionState.TIMED_OUT and ended.signal == "SIGKILL", ended
+    assert outcome_of(ended).error == "stopped by systemd at runtime_max 1s; killed by SIGKILL"
+
+
 # -- kanban and cron report it, and a rule on timed_out applies ---------------------------------
 
 # Under a runtime_max of 1 s, a worker that would sleep a minute; the rule stops at once.

@@ -22,7 +22,9 @@ whoever launched it. What it does, in order:
    ``OFFSET SECONDS`` (log offset, wall time) before new output, at most every
    :data:`TIME_STEP` seconds, so ``dispatch logs --since/--timestamps`` can place lines in time;
 5. forwards SIGTERM/SIGINT/SIGHUP to the worker's group and enforces the session timeout itself
-   (SIGTERM, grace, SIGKILL; inside its own scope also every other pid of its cgroup);
+   (SIGTERM, grace, SIGKILL; inside its own scope also every other pid of its cgroup); under a
+   runtime_max a forwarded SIGTERM is followed by SIGKILL after the same grace (the manager's
+   own escalation would kill the keeper too, before its record);
  6. writes ``exit.json`` (temp + fsync + rename, space reserved before any output is read, so
     a full disk cannot stop it) as soon as the direct child exits, with its scope's counters
     and, under a runtime_max, the unit's ``Result`` asked of the manager while the keeper
@@ -504,6 +506,9 @@ class Keeper:
         """Our scope's ``Result`` when the worker ended (only asked under a runtime_max)."""
         self.forwarded: list[str] = []
         self.stop_requested = False
+        self.stop_kill_at: float | None = None
+        """Under a runtime_max: when the worker of a SIGTERM still running is SIGKILLed. The
+        manager's stop waits 90 s and then kills us too, before any record could be written."""
         self.recorded_total = -1
         # Descriptors.
         self.log_fd = -1
@@ -922,7 +927,8 @@ class Keeper:
             poller.register(self.fifo_fd, select.POLLIN)
         while True:
             now = mono()
-            waits = [t for t in (deadline, escalate_at, drain_until) if t is not None]
+            stop_kill = self.stop_kill_at if self.status is None else None
+            waits = [t for t in (deadline, escalate_at, drain_until, stop_kill) if t is not None]
             wait_ms = -1 if not waits else max(0, int((min(waits) - now) * 1000) + 1)
             if self.status is None:
                 # A SIGCHLD is never lost (the wakeup pipe), but re-check now and then anyway.
@@ -958,6 +964,12 @@ class Keeper:
                     drain_until = mono() + (0.2 if self.stop_requested else self.drain)
                     deadline = None  # a timeout kill in progress still escalates
             now = mono()
+            if self.status is None and self.stop_kill_at is not None and now >= self.stop_kill_at:
+                # The manager's stop (a runtime_max) got no exit in the kill grace: end it as
+                # a timeout of ours would, so the keeper lives to write the record.
+                self.stop_kill_at = None
+                self.signal_group(_signal.SIGKILL)
+                self.signal_cgroup(_signal.SIGKILL)
             if escalate_at is not None and now >= escalate_at:
                 self.timeout_signal = _signal.SIGKILL
                 self.signal_group(_signal.SIGKILL)
@@ -994,6 +1006,12 @@ class Keeper:
                 self.stop_requested = True
             if self.status is None:
                 self.signal_group(sig)
+                if (
+                    sig == _signal.SIGTERM
+                    and self.stop_kill_at is None
+                    and posix.environ.get(UNIT_ENV)
+                ):
+                    self.stop_kill_at = time.monotonic() + self.grace
 
     def reap(self) -> None:
         """Collect the worker's status if it ended (never blocks), with what it used."""
