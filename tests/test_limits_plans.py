@@ -135,6 +135,10 @@ def test_sqlite_plans_use_indexes(tmp_path: Path) -> None:
     assert len(plans) >= 8
     bad = {sql: plan for sql, plan in plans.items() if scans(plan)}
     assert not bad, bad
+    # Counting open holds reads the partial index alone (no row per open hold).
+    counts = [plan for sql, plan in plans.items() if "released_at IS NULL), (" in sql]
+    assert counts and all("USING COVERING INDEX limit_holds_open" in p for p in counts), counts
+    assert all("USING INDEX limit_holds_open" not in p for p in counts), counts
 
 
 @pytest.mark.postgres

@@ -32,6 +32,17 @@ window and a holder's holds are each one index range, never a scan. Only the ind
 open holds is partial: a second partial index on the same condition would tempt PostgreSQL's
 planner to count a limit's holds through it, walking every open hold."""
 
+OPEN_COVERING = """
+DROP INDEX limit_holds_open;
+CREATE INDEX limit_holds_open ON limit_holds (limit_name, group_name, host_id, released_at)
+    WHERE released_at IS NULL;
+"""
+"""SQLite reads the table row of every entry of a partial index to test its condition again
+unless the column is in the index: with ``released_at`` in it, counting a limit's open holds
+reads the index alone (a claim's three counts with 36 open holds a limit: 33 to 27 µs, the
+gap growing with the open holds). PostgreSQL needs no such column: its partial index implies
+the condition, and its index-only scans use it."""
+
 COMPONENT = Component(
     name="limits",
     migrations=(
@@ -41,6 +52,11 @@ COMPONENT = Component(
             # the recent ones), and the sequence table would cost every claim a write.
             apply=HOLDS_TABLE.format(id="INTEGER PRIMARY KEY", text="TEXT", real="REAL"),
             note="named limits' holds",
+        ),
+        Migration(
+            version=2,
+            apply=OPEN_COVERING,
+            note="limit_holds_open covers the count of a limit's open holds",
         ),
     ),
 )
