@@ -31,6 +31,7 @@ from dispatcher.notify.settings import NotifySettings
 from dispatcher.notify.store import NotifyStore
 from scope.foundation.errors import ConfigError
 from scope.foundation.schema import dump_record
+from tests.support.wait import wait_for
 
 NOW = 1_800_000_000.0
 ME = Claimant(pid=1, start=1, boot=None)
@@ -108,6 +109,34 @@ def test_a_command_channel_runs_a_shell_only_when_asked(tmp_path: Path) -> None:
     # An argv list never sees a shell: the words reach the program as they are.
     plain = _notify("notify:\n  channels: {a: {command: [echo, '$((6 * 7))']}}\n").channels["a"]
     assert deliver(plain, '{"id": "m2", "event": "card.done"}').detail == "exit 0 $((6 * 7))"
+
+
+def test_a_command_past_its_timeout_ends_with_everything_it_started(tmp_path: Path) -> None:
+    from dispatcher.notify.sender import deliver
+
+    pids = tmp_path / "pids"
+    # The shell's background child holds stdout: killing only the shell would leave the
+    # sender waiting for that pipe as long as the child lives.
+    channel = _notify(
+        "notify:\n  channels: {a: {command: 'sleep 60 & echo $! > "
+        f"{pids}; wait', shell: true, timeout: 1s}}}}\n"
+    ).channels["a"]
+    started = time.monotonic()
+    answer = deliver(channel, '{"id": "m3", "event": "card.done"}')
+    took = time.monotonic() - started
+    assert (answer.ok, answer.detail) == (False, "timed out after 1s")
+    assert took < 10, took
+    child = int(pids.read_text())
+    wait_for(lambda: not _alive(child), timeout=5, what="the command's child killed")
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, reaped by nobody here, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 class Drip:

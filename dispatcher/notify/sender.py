@@ -13,6 +13,7 @@ the file's content (surrounding whitespace stripped).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import http.client
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import random
+import signal
 import stat
 import subprocess
 import threading
@@ -211,19 +213,41 @@ def _post(channel: Channel, body: str, secret: bytes | None) -> Answer:
 def _run(channel: Channel, body: str) -> Answer:
     argv = channel.argv()
     try:
-        done = subprocess.run(
+        # Its own process group: a timeout ends everything it started (a shell's pipeline
+        # too), not only the first process, whose children would hold the pipes open.
+        proc = subprocess.Popen(
             argv,
-            input=body.encode(),
-            capture_output=True,
-            timeout=channel.timeout,
-            check=False,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired:
-        return Answer(ok=False, detail=f"timed out after {channel.timeout:g}s")
     except OSError as err:
         return Answer(ok=False, detail=f"cannot run {argv[0]}: {err.strerror}")
-    out = done.stdout[:RESPONSE_CAP].decode(errors="replace")
-    return Answer(ok=done.returncode == 0, detail=f"exit {done.returncode} {out}".rstrip())
+    try:
+        out, _ = proc.communicate(body.encode(), timeout=channel.timeout)
+    except subprocess.TimeoutExpired:
+        _end_group(proc)
+        return Answer(ok=False, detail=f"timed out after {channel.timeout:g}s")
+    text = out[:RESPONSE_CAP].decode(errors="replace")
+    return Answer(ok=proc.returncode == 0, detail=f"exit {proc.returncode} {text}".rstrip())
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the group of a command channel's process that outlived its timeout, then reap
+    it. The group is surely its own: the leader is our child and not reaped yet, so its id
+    cannot have been reused. Something that left the group and still holds a pipe is not
+    waited for beyond a second."""
+    if proc.returncode is None:  # else reaped: its id is no longer a proof of identity
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.communicate(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
 
 
 def deliver(channel: Channel, body: str, secret: bytes | None = None) -> Answer:
