@@ -192,18 +192,16 @@ class KeeperRunner:
         held = Gate.open()
         try:
             started, held = start_held(launch, launch.argv, held)
+            # Opened while it waits at its gate: a fork server's child turned back there is
+            # reaped by the server at once, and its pid could be gone (or another's) after.
+            pidfd = os.pidfd_open(started.pid)
             _apply_limits(started, limits or {})
             if gate:
                 held.release()
         finally:
             held.close()
             os.close(err_fd)
-        return KeeperProcess(
-            pid=started.pid,
-            process=started.process,
-            pidfd=os.pidfd_open(started.pid),
-            stderr_path=err,
-        )
+        return KeeperProcess(pid=started.pid, process=started.process, pidfd=pidfd, stderr_path=err)
 
     def run(
         self,
