@@ -551,6 +551,14 @@ def test_notify_commands_list_retry_and_test(
     assert capsys.readouterr().out.strip() == "no dead notifications"
     assert main(["--config", str(config), "notify", "retry", row["id"]], environ=env) == 0
     assert main(["--config", str(config), "notify", "retry", "0" * 32], environ=env) == 2
+    # A unique prefix names the message, as card and session prefixes do; too short is refused.
+    capsys.readouterr()
+    prefix = row["id"][:6]
+    assert main(["--config", str(config), "notify", "retry", prefix], environ=env) == 0
+    assert capsys.readouterr().out.startswith(f"notification {row['id']}: 1 deliveries due now")
+    assert main(["--config", str(config), "notify", "retry", row["id"][:3]], environ=env) == 2
+    assert "at least" in capsys.readouterr().err
+    assert main(["--config", str(config), "notify", "retry", "not-hex"], environ=env) == 2
 
 
 def test_breaker_blocks_and_pauses_are_their_own_events(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """`dispatch notify`: the notification outbox.
 
 ``dispatch notify list [--dead]`` shows deliveries (one row per message and channel: id,
-channel, event, state, attempts, last error); ``dispatch notify retry ID`` makes a message's
-undelivered rows due now with a fresh deadline (serve's sender delivers them);
+channel, event, state, attempts, last error); ``dispatch notify retry ID`` (or a unique
+prefix) makes a message's undelivered rows due now with a fresh deadline (serve's sender
+delivers them);
 ``dispatch notify test CHANNEL`` sends a test message at once and prints what the receiver
 answered (exit 1 when it refused).
 """
@@ -17,6 +18,10 @@ import uuid
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
 from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
+
+MESSAGE_IDS = IdKind(name="notification", prefix="", digits=32, listing="dispatch notify list")
+"""Message ids (32 hex digits), found by a unique prefix like every other id."""
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -31,7 +36,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
     again = subs.add_parser(
         "retry", parents=[common], help="Make a message's undelivered rows due now (new deadline)."
     )
-    again.add_argument("id", help="the message id (from 'dispatch notify list')")
+    again.add_argument("id", help="the message id or a unique prefix (from 'dispatch notify list')")
     again.set_defaults(handler=handle_retry)
     probe = subs.add_parser(
         "test", parents=[common], help="Send a test message to CHANNEL and print the answer."
@@ -70,13 +75,17 @@ def handle_retry(args: argparse.Namespace, ctx: Context) -> int:
     from dispatcher.app.clusterstate import open_cluster_state
 
     with open_cluster_state(ctx.settings, ctx.state_dir, ctx.environ) as state:
-        touched = state.notify_store().retry(args.id, now=time.time())
+        store = state.notify_store()
+        found = lookup(
+            args.id, MESSAGE_IDS, starting=lambda p: store.ids_starting(p, MAX_CANDIDATES)
+        )
+        touched = store.retry(found, now=time.time())
     if not touched:
-        raise NotFoundError("undelivered notification", args.id)
+        raise NotFoundError("undelivered notification", found)
     if ctx.json:
-        ctx.emit_json({"id": args.id, "rows": touched})
+        ctx.emit_json({"id": found, "rows": touched})
     else:
-        ctx.out(f"notification {args.id}: {touched} deliveries due now")
+        ctx.out(f"notification {found}: {touched} deliveries due now")
     return 0
 
 

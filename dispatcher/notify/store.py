@@ -155,6 +155,17 @@ class NotifyStore:
             ).fetchall()
         return [_delivery(row) for row in rows]
 
+    def ids_starting(self, prefix: str, limit: int) -> tuple[str, ...]:
+        """Message ids that start with ``prefix``, sorted, at most ``limit`` (an index range:
+        message ids are hex, so every id starting with it sorts below the prefix + ``g``)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT message_id FROM notify_outbox"
+                " WHERE message_id >= ? AND message_id < ? ORDER BY message_id LIMIT ?",
+                (prefix, prefix + "g", limit),
+            ).fetchall()
+        return tuple(str(row[0]) for row in rows)
+
     def retry(self, message_id: str, *, now: float) -> int:
         """Make a message's dead (or pending) deliveries due now with a fresh deadline; how
         many rows that touched (0: no such message, or all delivered)."""
