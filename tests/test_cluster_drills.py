@@ -205,8 +205,13 @@ def test_cron_every_second_on_three_hosts_fires_each_key_once(rig_factory, tmp_p
     )
     assert max(ran.values()) == 1  # no fire's worker ran twice
     outcomes = collections.Counter(row[3] for row in rows)
-    assert set(outcomes) <= {"completed", "lost", None}, outcomes
-    assert outcomes["completed"] >= len(rows) - 3
+    assert set(outcomes) <= {"completed", "lost", "skipped_overlap", None}, outcomes
+    # A fire the killed host held open keeps the job busy (overlap: skip) until its lease runs
+    # out and it is rescued as lost: the fires due meanwhile are decided skipped_overlap (so
+    # may a fire due while a worker on a loaded machine still runs). Decided, never dropped.
+    skipped = outcomes["skipped_overlap"]
+    assert skipped <= TTL + 2 * HEARTBEAT + 2, outcomes
+    assert outcomes["completed"] >= len(rows) - 3 - skipped
 
 
 def _hold_on(rig: ClusterRig, host: str, n: int, tmp_path: Path) -> list[str]:

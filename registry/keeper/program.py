@@ -912,6 +912,15 @@ class Keeper:
 
     # -- the loop ------------------------------------------------------------------------------
 
+    def end_stubborn(self, now: float) -> None:
+        """Under a runtime_max, a worker the manager's SIGTERM has not ended within the kill
+        grace (:attr:`stop_kill_at`) is SIGKILLed, as our own timeout would, so the keeper
+        lives to write the record."""
+        if self.status is None and self.stop_kill_at is not None and now >= self.stop_kill_at:
+            self.stop_kill_at = None
+            self.signal_group(_signal.SIGKILL)
+            self.signal_cgroup(_signal.SIGKILL)
+
     def run(self) -> int:
         """Capture until the worker ended and the output drained; write the record."""
         mono = time.monotonic
@@ -964,12 +973,7 @@ class Keeper:
                     drain_until = mono() + (0.2 if self.stop_requested else self.drain)
                     deadline = None  # a timeout kill in progress still escalates
             now = mono()
-            if self.status is None and self.stop_kill_at is not None and now >= self.stop_kill_at:
-                # The manager's stop (a runtime_max) got no exit in the kill grace: end it as
-                # a timeout of ours would, so the keeper lives to write the record.
-                self.stop_kill_at = None
-                self.signal_group(_signal.SIGKILL)
-                self.signal_cgroup(_signal.SIGKILL)
+            self.end_stubborn(now)
             if escalate_at is not None and now >= escalate_at:
                 self.timeout_signal = _signal.SIGKILL
                 self.signal_group(_signal.SIGKILL)
