@@ -126,15 +126,21 @@ def _private_files(target: Path) -> tuple[_Identity, _Identity] | None:
             info = path.lstat()
         except FileNotFoundError:
             return None
-        if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-            raise UnsafeStatePath(
-                str(path),
-                "is not a regular file",
-                remedy=f"remove it ('rm {path}'); dispatch compiles the keeper again",
-            )
-        check_private(path, info)
+        _check_compiled(path, info)
         found.append(_identity(info))
     return found[0], found[1]
+
+
+def _check_compiled(path: Path, info: os.stat_result) -> None:
+    """``path`` (the keeper's bytecode or its record, as ``lstat`` saw it) must be a regular
+    file, ours and private (:class:`UnsafeStatePath` otherwise)."""
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
+        raise UnsafeStatePath(
+            str(path),
+            "is not a regular file",
+            remedy=f"remove it ('rm {path}'); dispatch compiles the keeper again",
+        )
+    check_private(path, info)
 
 
 def _record_path(target: Path) -> Path:
@@ -148,13 +154,7 @@ def _verified(target: Path, source_hash: str) -> bool:
         info = target.lstat()
     except FileNotFoundError:
         return False
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISREG(info.st_mode):
-        raise UnsafeStatePath(
-            str(target),
-            "is not a regular file",
-            remedy=f"remove it ('rm {target}'); dispatch compiles the keeper again",
-        )
-    check_private(target, info)
+    _check_compiled(target, info)
     record = _record_path(target)
     try:
         check_private(record)
