@@ -117,6 +117,19 @@ def test_foreign_owned_bytecode_is_refused(env: dict[str, str], tmp_path: Path) 
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("which", ["bytecode", "record"])
+def test_a_symlinked_bytecode_or_record_is_refused(tmp_path: Path, which: str) -> None:
+    cache = tmp_path / "cache"
+    target = Path(keeper_command(sys.executable, cache)[-1])
+    path = target if which == "bytecode" else target.with_name(target.name + ".sha256")
+    elsewhere = tmp_path / "elsewhere"
+    os.replace(path, elsewhere)
+    path.symlink_to(elsewhere)
+    with pytest.raises(UnsafeStatePath, match="is not a regular file") as caught:
+        keeper_command(sys.executable, cache)
+    assert str(path) in str(caught.value) and f"rm {path}" in str(caught.value)
+
+
 def test_keeper_command_checks_before_every_use(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     first = keeper_command(sys.executable, cache)
