@@ -17,11 +17,7 @@ import uuid
 
 from dispatcher.cli.context import Context
 from dispatcher.cli.parser import Parser, Subparsers, add_group, add_subgroups
-from scope.foundation.errors import NotFoundError, UsageError
-from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
-
-MESSAGE_IDS = IdKind(name="notification", prefix="", digits=32, listing="dispatch notify list")
-"""Message ids (32 hex digits), found by a unique prefix like every other id."""
+from scope.foundation.errors import UsageError
 
 
 def register(subparsers: Subparsers, common: Parser) -> None:
@@ -75,13 +71,7 @@ def handle_retry(args: argparse.Namespace, ctx: Context) -> int:
     from dispatcher.app.clusterstate import open_cluster_state
 
     with open_cluster_state(ctx.settings, ctx.state_dir, ctx.environ) as state:
-        store = state.notify_store()
-        found = lookup(
-            args.id, MESSAGE_IDS, starting=lambda p: store.ids_starting(p, MAX_CANDIDATES)
-        )
-        touched = store.retry(found, now=time.time())
-    if not touched:
-        raise NotFoundError("undelivered notification", found)
+        found, touched = state.notify_store().retry_named(args.id, now=time.time())
     if ctx.json:
         ctx.emit_json({"id": found, "rows": touched})
     else:

@@ -15,8 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.timefmt import iso
+from scope.foundation.errors import NotFoundError
+from scope.foundation.ids import MAX_CANDIDATES, IdKind, lookup
 
-__all__ = ["Delivery", "NotifyStore"]
+__all__ = ["MESSAGE_IDS", "Delivery", "NotifyStore"]
+
+MESSAGE_IDS = IdKind(name="notification", prefix="", digits=32, listing="dispatch notify list")
+"""Message ids (32 hex digits), found by a unique prefix like every other id."""
 
 _COLUMNS = (
     "message_id, channel, event, created_at, body, state, attempts, next_at, since,"
@@ -165,6 +170,16 @@ class NotifyStore:
                 (prefix, prefix + "g", limit),
             ).fetchall()
         return tuple(str(row[0]) for row in rows)
+
+    def retry_named(self, text: str, *, now: float) -> tuple[str, int]:
+        """``dispatch notify retry`` and the API's: the message ``text`` names (its id or a
+        unique prefix, :data:`MESSAGE_IDS`) made due now; its id and the rows touched.
+        NotFoundError when it names none or nothing of it is undelivered."""
+        found = lookup(text, MESSAGE_IDS, starting=lambda p: self.ids_starting(p, MAX_CANDIDATES))
+        touched = self.retry(found, now=now)
+        if not touched:
+            raise NotFoundError("undelivered notification", found)
+        return found, touched
 
     def retry(self, message_id: str, *, now: float) -> int:
         """Make a message's dead (or pending) deliveries due now with a fresh deadline; how

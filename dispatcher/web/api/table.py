@@ -555,7 +555,7 @@ OPERATIONS: tuple[Operation, ...] = (
                 where="path",
                 required=True,
                 max_length=200,
-                description="the message id (from the list)",
+                description="the message id (from the list), or a unique prefix of it",
             ),
         ),
     ),

@@ -9,7 +9,7 @@ from typing import Any
 from dispatcher.app.documents import hosts_document, select_sessions, session_json
 from dispatcher.web.api.spec import Call
 from registry.abc import SessionState
-from scope.foundation.errors import NotFoundError, UsageError
+from scope.foundation.errors import UsageError
 
 FINISHED = frozenset(s.value for s in SessionState) - {"running"}
 
@@ -78,8 +78,6 @@ def notifications(call: Call) -> list[dict[str, Any]]:
 
 def retry_notification(call: Call) -> dict[str, Any]:
     """``POST /notifications/{message_id}/retry``: ``notify retry --json``."""
-    message_id = call.params["message_id"]
-    touched = call.site.source.reader.cluster.notify_store().retry(message_id, now=time.time())
-    if not touched:
-        raise NotFoundError("undelivered notification", message_id)
-    return {"id": message_id, "rows": touched}
+    store = call.site.source.reader.cluster.notify_store()
+    found, touched = store.retry_named(call.params["message_id"], now=time.time())
+    return {"id": found, "rows": touched}
