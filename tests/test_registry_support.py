@@ -194,7 +194,8 @@ LAUNCHER = textwrap.dedent(
         caller=CallerKind.CLI, timeout=spec.get("timeout")))
     forked = starter.stats().forked if starter else 0
     print(json.dumps({{"id": session.id, "placement": session.placement.value,
-                      "unit": session.unit, "forked": forked}}), flush=True)
+                      "unit": session.unit, "keeper_pid": session.keeper_pid,
+                      "forked": forked}}), flush=True)
     time.sleep(600)
     """
 ).format(repo=str(REPO))

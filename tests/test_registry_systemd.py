@@ -4,6 +4,7 @@ paths: a keeper forked by the fork server is placed into its scope by pid like a
 from __future__ import annotations
 
 import signal
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,6 +109,52 @@ def test_launcher_killed_scoped_worker_finishes_and_is_adopted(
                 assert done.session.finished_at is not None
                 assert done.output == "before\nafter\n"
                 assert registry.read_log(info["id"]) == b"before\nafter\n"
+        finally:
+            scoper.close()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        cleanup = _scoper(systemd_manager)
+        try:
+            stop_all(state, cleanup)
+        finally:
+            cleanup.close()
+
+
+def test_a_placement_the_launcher_never_recorded_is_learned_from_the_keepers_cgroup(
+    tmp_path: Path, systemd_manager: SystemdManager
+) -> None:
+    """A launcher killed between opening the keeper's gate and recording the placement leaves
+    a draft row (in process, no unit, no keeper) for a worker that runs in its scope. Adoption
+    reads the scope from the keeper's cgroup, so the kill stops the unit and confirms it empty."""
+    state = tmp_path / "state"
+    launcher, info = start_launcher(state, IGNORES_TERM, env=systemd_manager.env)
+    try:
+        log = state / "sessions" / info["id"] / "output.log"
+        wait_for(lambda: log.exists() and b"ready" in log.read_bytes(), 10, what="ready")
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=10)
+        with sqlite3.connect(state / "state.db") as db:  # the row as the draft left it
+            db.execute(
+                "UPDATE registry_sessions SET placement = 'in_process', unit = NULL,"
+                " keeper_pid = NULL, keeper_start = NULL, worker_pid = NULL,"
+                " worker_start = NULL WHERE id = ?",
+                (info["id"],),
+            )
+        scoper = _scoper(systemd_manager)
+        try:
+            with open_registry(state, scoper) as registry:
+                registry.adopt()
+                session = registry.get(info["id"])
+                assert session.placement is Placement.SCOPED
+                assert session.unit == info["unit"]
+                assert session.keeper_pid == info["keeper_pid"]
+                assert session.warning and "recorded late" in session.warning
+                snap = registry.kill(info["id"], grace=0.5)
+                assert snap.session.state is SessionState.KILLED
+                assert systemd_manager.unit_pids(info["unit"]) == []
+                assert session_pids(info["id"]) == []
         finally:
             scoper.close()
     finally:

@@ -14,17 +14,21 @@ import subprocess
 from pathlib import Path
 
 from registry.abc import Session
-from registry.keeper.files import SessionDir
+from registry.keeper.files import KeeperInfo, SessionDir
 from registry.lifecycle.finalize import Finalizer
 from registry.lifecycle.parts import Parts
 from registry.live.follower import Followed
 from registry.output.log import LogReader
 from registry.output.tail import OutputTail
 from registry.proc.identity import Identity, alive
-from registry.store.sessions import Started, StoredSession
+from registry.store.sessions import Placed, Started, StoredSession
+from scope.abc import Placement
+from scope.cgroup import enclosing_unit, own_cgroup
 from scope.errors import ScopeError
+from scope.foundation.procstat import read_stat
+from scope.unitname import is_ours
 
-__all__ = ["STARTING_GRACE", "Reconciler", "identity"]
+__all__ = ["STARTING_GRACE", "Reconciler", "identity", "late_placement"]
 
 _log = logging.getLogger("dispatch.registry")
 
@@ -37,6 +41,35 @@ def identity(pid: int | None, start: int | None) -> Identity | None:
     if pid is None or start is None:
         return None
     return Identity(pid=pid, start=start)
+
+
+def late_placement(session_id: str, info: KeeperInfo) -> Placed | None:
+    """The placement of a keeper whose launcher died before recording it, read from the
+    keeper's cgroup; None unless it runs in a scope made for this session.
+
+    The launcher stores its row as a draft (in process, no unit), opens the keeper's gate and
+    only then records where the keeper was placed. Killed in between, it leaves a worker running
+    in its scope on a row that says otherwise, so a kill would skip the unit's cgroup-empty
+    confirmation. The keeper's identity is checked first: a reused pid's cgroup says nothing.
+    """
+    if info.keeper_start is None:
+        return None
+    try:
+        stat = read_stat(info.keeper_pid)
+        if stat is None or stat.start_time != info.keeper_start:
+            return None
+        unit = enclosing_unit(own_cgroup(info.keeper_pid))
+    except (OSError, LookupError, ValueError):
+        return None  # gone meanwhile, or no cgroup v2: nothing to learn
+    if unit is None or not is_ours(unit) or session_id not in unit:
+        return None
+    return Placed(
+        placement=Placement.SCOPED,
+        unit=unit,
+        keeper_pid=info.keeper_pid,
+        keeper_start=info.keeper_start,
+        warning="placement recorded late: the launcher ended before recording it",
+    )
 
 
 class Reconciler:
@@ -91,6 +124,10 @@ class Reconciler:
         if info is None:
             return stored
         first = session.keeper_pid is None  # a row that never learned its keeper
+        if first:
+            placed = late_placement(session.id, info)
+            if placed is not None:
+                self.parts.store.update(session.id, placed)
         change = Started(
             worker_pid=info.worker_pid,
             worker_start=info.worker_start,
