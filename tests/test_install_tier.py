@@ -205,6 +205,14 @@ def test_serve_single_host(user: User) -> None:
     shown = user.dispatch("kanban", "show", card_id).stdout
     assert card_id in shown and "done" in shown
 
+    def keepers() -> dict[str, Any] | None:
+        found = (user.json("status").get("serve") or {}).get("keepers") or {}
+        return found if found.get("forked") else None
+
+    # The wheel carries the fork server: serve's keepers come from it, none the usual way.
+    forked = user.manager.wait_for(keepers, timeout=30, interval=0.5, what="a forked keeper")
+    assert forked["running"] and not forked["fallbacks"], forked
+
     def fired() -> list[dict[str, Any]]:
         rows = user.json("cron", "history", "beat")
         return [r for r in rows if r["kind"] == "schedule" and r["outcome"] == "completed"]
