@@ -9,7 +9,8 @@ shape is fixed by the issue; other areas may add keys (the gateway adds ``units`
      "probe": {"ok", "backend", "elapsed_ms", "detail"},
      "placement": {"gateway_cron", "gateway_kanban", "oneshot", "cli"},   # value or "refused"
      "resources": {"layout", "cgroup2_mount", "manager_cgroup", "controllers", "missing",
-                   "keys": {key: null (takes effect) or why not}, "remedies"},
+                   "keys": {key: null (takes effect) or why not}, "remedies",
+                   "placement_latency": {"favordynmods", "mounts", "detail", "remedy"}},
      "problems": [str, ...],     # symptoms: what is wrong (not what to do)
      "remedies": [str, ...]}     # what to do, most durable first, each once
 """
@@ -23,6 +24,7 @@ from typing import Any
 from scope.abc import CallerKind, Placement
 from scope.errors import ScopeUnavailable
 from scope.hierarchy import ineffective, remedies
+from scope.latency import read_placement_latency
 from scope.placement import decide
 from scope.resources import LIMIT_KEYS, ScopeProperties
 from scope.systemd import SystemdScoper
@@ -152,6 +154,9 @@ def resources_report(scoper: SystemdScoper) -> dict[str, Any]:
     report = controllers.to_json()
     report["keys"] = {key: why.get(key) for key in LIMIT_KEYS}
     report["remedies"] = remedies(found, controllers, uid=scoper.uid)
+    # Not a health problem (placement works either way), so not in "remedies": doctor prints
+    # it on its own line.
+    report["placement_latency"] = read_placement_latency().to_json()
     return report
 
 

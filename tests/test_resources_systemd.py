@@ -17,6 +17,7 @@ from dispatcher.launch.outcome import Outcome
 from scope import open_scoper, policy_from
 from scope.cgroup import parse_mountinfo
 from scope.hierarchy import ineffective
+from scope.latency import read_placement_latency
 from scope.resources import ScopeProperties
 from scope.settings import ScopeSettings
 from scope.systemd import SystemdScoper
@@ -105,9 +106,12 @@ def test_doctor_names_the_layout_the_controllers_and_a_refused_class(
     assert list(entry["ineffective"]) == [key]
     assert any("its workers are refused (spawn_refused)" in p for p in report["problems"])
     assert status == 1 and report["probe"]["ok"] is True
+    latency = report["resources"]["placement_latency"]
+    assert latency == read_placement_latency().to_json()  # this host, as it is mounted
 
     assert main(base, env) == 1
     text = capsys.readouterr().out
+    assert f"latency:   {latency['detail']}" in text
     assert f"cgroups:   {'hybrid' if host_layout() == 'hybrid' else ''}" in text
     assert "controllers for our scopes: memory yes" in text
     assert f"           no effect:   {key} (" in text

@@ -123,6 +123,11 @@ def _print(ctx: Context, report: dict[str, Any], ok: bool) -> None:
     for key, value in report["placement"].items():
         ctx.out(f"  {key:<15} {value}")
     _print_resources(ctx, report["resources"])
+    latency = report["resources"].get("placement_latency")
+    if latency:
+        ctx.out(f"latency:   {latency['detail']}")
+        if latency["remedy"]:
+            ctx.out(f"           {latency['remedy']}")
     ctx.out(f"admission: {report['admission']['detail']}")
     for unit in report.get("units", []):
         state = "ok" if unit["ok"] else "CHECK"
