@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
+from scope.latency import read_placement_latency
 from tests.benchmarks.common import Row
 
 __all__ = ["Benchmark", "discover", "main", "render_markdown", "render_table"]
@@ -59,12 +60,14 @@ def discover() -> list[Benchmark]:
 
 
 def machine() -> dict[str, object]:
-    """What the figures depend on: load at start, cores, interpreter, platform."""
+    """What the figures depend on: load at start, cores, interpreter, platform, and whether
+    cgroups carry ``favordynmods`` (placements after a pause wait on the kernel without it)."""
     return {
         "load": [round(x, 2) for x in os.getloadavg()],
         "cores": os.cpu_count(),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "platform": platform.platform(),
+        "favordynmods": read_placement_latency().state,
     }
 
 
@@ -163,7 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     if not args.json:
         load = " ".join(f"{x:.2f}" for x in info["load"])  # type: ignore[attr-defined]
-        print(f"machine: load {load}, {info['cores']} cores, {info['python']}, {info['platform']}")
+        print(
+            f"machine: load {load}, {info['cores']} cores, {info['python']}, {info['platform']},"
+            f" cgroup favordynmods {info['favordynmods']}"
+        )
         print(f"mode: {mode}", flush=True)
 
     results: list[tuple[str, Row]] = []
