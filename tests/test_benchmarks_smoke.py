@@ -46,7 +46,7 @@ def test_json_output(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixt
     assert runner.main(["--quick", "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert document["errors"] == 0 and document["mode"] == "quick"
-    assert set(document["machine"]) == {"load", "cores", "python", "platform"}
+    assert set(document["machine"]) == {"load", "cores", "python", "platform", "favordynmods"}
     (row,) = document["rows"]
     assert row == {
         "benchmark": "j",
