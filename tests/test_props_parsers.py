@@ -13,7 +13,7 @@ import datetime as dt
 import string
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from dispatcher.cron.timeline import fire_key, parse_fire_key
@@ -140,3 +140,55 @@ def test_quote_is_short_escaped_and_one_line(text: str) -> None:
     shown = quote(text)
     assert len(shown) <= 4 * QUOTE_LIMIT + 40
     assert shown.isprintable()
+
+
+# -- exact rounding: integer arithmetic against decimal's ---------------------------------------
+
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _decimal_seconds(parts: list[tuple[str, str]]) -> float | None:
+    """An independent oracle: the sum in decimal, rounded half-even to the millisecond
+    (None when past the 100-year bound)."""
+    from decimal import ROUND_HALF_EVEN, Decimal
+
+    total = sum((Decimal(number) * _UNIT_MS[unit] for number, unit in parts), Decimal(0))
+    if total > Decimal(MAX_DURATION) * 1000:
+        return None
+    return int(total.quantize(Decimal(1), rounding=ROUND_HALF_EVEN)) / 1000
+
+
+_decimals = st.builds(
+    lambda whole, fraction: f"{whole}.{fraction}" if fraction else str(whole),
+    st.integers(0, 10**12),
+    st.one_of(st.just(""), st.text("0123456789", min_size=1, max_size=9)),
+)
+
+
+@given(
+    parts=st.lists(st.tuples(_decimals, st.sampled_from(list(_UNIT_MS))), min_size=1, max_size=5)
+)
+@example(parts=[("0.0005", "s")])  # ties at half a millisecond go to the even neighbour
+@example(parts=[("0.0015", "s")])
+@example(parts=[("2.5", "ms")])
+@example(parts=[("1", "h"), ("0.5", "ms")])
+def test_durations_round_exactly_like_decimal(parts: list[tuple[str, str]]) -> None:
+    unique = list({unit: (number, unit) for number, unit in parts}.values())
+    text = "".join(number + unit for number, unit in unique)
+    expected = _decimal_seconds(unique)
+    if expected is None:
+        with pytest.raises(Invalid):
+            parse_duration(text)
+    else:
+        assert parse_duration(text) == expected, text
+
+
+@given(seconds=st.one_of(st.floats(0, MAX_DURATION), st.integers(0, int(MAX_DURATION))))
+def test_numeric_durations_round_exactly_like_decimal(seconds: float) -> None:
+    from decimal import ROUND_HALF_EVEN, Decimal
+
+    scaled = Decimal(seconds) * 1000
+    expected = int(scaled.quantize(Decimal(1), rounding=ROUND_HALF_EVEN)) / 1000
+    assert parse_duration(seconds) == expected
+    if isinstance(seconds, int):
+        assert parse_duration(str(seconds)) == expected

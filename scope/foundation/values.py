@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from decimal import ROUND_HALF_EVEN, Decimal
 from typing import TYPE_CHECKING, Any
 
 from scope.foundation.errors import Invalid
@@ -46,34 +45,52 @@ def parse_duration(value: Any) -> float:
             raise Invalid(f"duration must be a non-negative number of seconds, got {value!r}")
         if value > MAX_DURATION:
             raise Invalid(f"duration {_TOO_LONG}")
-        return _milliseconds(Decimal(value) * 1000) / 1000
+        numerator, denominator = value.as_integer_ratio()  # a float's exact binary value
+        return _half_even(numerator * 1000, denominator) / 1000
     if not isinstance(value, str):
         raise Invalid(f"expected a duration, got {type(value).__name__}; {_DURATION_HINT}")
     text = strip_blanks(value)
     text = text.lower() if text.isascii() else text  # "K".lower() is "k": ASCII only
     plain = _PLAIN_NUMBER.fullmatch(text)
-    total = Decimal(text) * 1000 if plain else _duration_parts(text, value)
-    if total > Decimal(MAX_DURATION) * 1000:
+    total = _scaled(text) * 1000 if plain else _duration_parts(text, value)
+    if total > _MAX_SCALED_MS:
         raise Invalid(f"duration {quote(value)} {_TOO_LONG}")
-    return _milliseconds(total) / 1000
+    return _half_even(total, _SCALE) / 1000
 
 
-def _duration_parts(text: str, original: str) -> Decimal:
-    pos, total = 0, Decimal(0)
+# Exact arithmetic in integers: the grammar allows at most 9 decimals, so every number is a
+# whole count of 1e-9 (decimal would do the same, at a millisecond of import per command).
+_SCALE = 10**9
+_MAX_SCALED_MS = int(MAX_DURATION) * 1000 * _SCALE
+
+
+def _scaled(number: str) -> int:
+    """A number of the duration grammar in units of 1e-9."""
+    whole, _, fraction = number.partition(".")
+    return int(whole) * _SCALE + int(fraction.ljust(9, "0"))
+
+
+def _duration_parts(text: str, original: str) -> int:
+    """The milliseconds of ``1h30m``-style text, in units of 1e-9."""
+    pos, total = 0, 0
     seen: set[str] = set()
     for match in _DURATION_PART.finditer(text):
         if match.start() != pos or match.group(2) in seen:
             break
         seen.add(match.group(2))
-        total += Decimal(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        total += _scaled(match.group(1)) * _DURATION_UNITS[match.group(2)]
         pos = match.end()
     if pos != len(text) or not text:
         raise Invalid(f"invalid duration {quote(original)}; {_DURATION_HINT}")
     return total
 
 
-def _milliseconds(total: Decimal) -> int:
-    return int(total.quantize(Decimal(1), rounding=ROUND_HALF_EVEN))
+def _half_even(numerator: int, denominator: int) -> int:
+    """``numerator / denominator`` rounded to a whole number, ties to even."""
+    quotient, remainder = divmod(numerator, denominator)
+    if 2 * remainder > denominator or (2 * remainder == denominator and quotient % 2):
+        quotient += 1
+    return quotient
 
 
 def format_duration(seconds: float) -> str:
