@@ -44,7 +44,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 def open_board(ctx: Context) -> OpenBoard:
     """The board an operator's write command changes: from the config snapshot when it is
     current (single host), else from the config, whose errors are the command's (exit 2)."""
-    facts = _current_snapshot(ctx)
+    facts = current_snapshot(ctx)
     if facts is not None and not facts.clustered and not ctx.environ.get(ENV_URL):
         return _board_of(ctx, facts)
     ctx.show_warnings()  # the full path: cluster mode may warn
@@ -74,7 +74,7 @@ def open_report_board(ctx: Context) -> OpenBoard:
     return _workspace(ctx, settings)
 
 
-def _current_snapshot(ctx: Context) -> Snapshot | None:
+def current_snapshot(ctx: Context) -> Snapshot | None:
     """The config snapshot, if enabled and current. The config path is resolved first, as
     loading the config would (a ``--config`` naming no file is the command's error)."""
     config = ctx.config_path
@@ -90,9 +90,9 @@ def _current_snapshot(ctx: Context) -> Snapshot | None:
 
 
 def _quiet_snapshot(ctx: Context) -> Snapshot | None:
-    """:func:`_current_snapshot` for a worker's report: no config error is the report's."""
+    """:func:`current_snapshot` for a worker's report: no config error is the report's."""
     try:
-        return _current_snapshot(ctx)
+        return current_snapshot(ctx)
     except DispatchError:
         return None
 

@@ -119,6 +119,9 @@ def main(
         sys.stdout.write(f"dispatch {__version__}\n")
         return 0
     try:
+        relayed = _relayed(arguments, environ)
+        if relayed is not None:
+            return relayed
         args = _recognised(arguments, environ)
     except ImportError as err:
         return _missing_module(err)
@@ -136,6 +139,16 @@ def main(
     except ImportError as err:
         return _missing_module(err)
     return _run(args, environ, clock)
+
+
+def _relayed(arguments: list[str], environ: Mapping[str, str]) -> int | None:
+    """The status of a short write command the gateway answered (:mod:`dispatcher.app.relay`),
+    or None: the command runs here."""
+    if "kanban" not in arguments:
+        return None
+    from dispatcher.app.relay import relay
+
+    return relay(arguments, environ)
 
 
 def _recognised(arguments: list[str], environ: Mapping[str, str]) -> argparse.Namespace | None:
@@ -211,11 +224,16 @@ def _missing_module(err: ImportError) -> int:
 
 
 def _print_error(err: DispatchError) -> None:
-    """The one stderr line of an error; escaped and bounded whatever the message holds (its
-    parts quote user text already; this is the backstop)."""
+    """The one stderr line of an error (:func:`error_text`)."""
+    print(error_text(err), file=sys.stderr)
+
+
+def error_text(err: DispatchError) -> str:
+    """The one line an error is shown as; escaped and bounded whatever the message holds
+    (its parts quote user text already; this is the backstop)."""
     from scope.foundation.text import one_line
 
-    print(f"dispatch: error: {one_line(err.message)}", file=sys.stderr)
+    return f"dispatch: error: {one_line(err.message)}"
 
 
 def _silence_stdout() -> None:

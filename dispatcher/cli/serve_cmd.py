@@ -36,6 +36,7 @@ def register(subparsers: Subparsers, common: Parser) -> None:
 
 def handle(args: argparse.Namespace, ctx: Context) -> int:
     """Validate the config, take the state dir and serve until stopped."""
+    from dispatcher.cli.relay_server import start_relay
     from dispatcher.gateway.journal import configure_logging
     from dispatcher.gateway.serve import Gateway
 
@@ -47,6 +48,7 @@ def handle(args: argparse.Namespace, ctx: Context) -> int:
             state_dir=ctx.state_dir,
             environ=ctx.environ,
             config_path=ctx.config_path,
+            relay=start_relay,
         )
         return gateway.run()
     finally:

@@ -49,6 +49,7 @@ from dispatcher.gateway.lock import ServeLock
 from dispatcher.gateway.member import Alone, open_gateway_state
 from dispatcher.gateway.notify import Notifier
 from dispatcher.gateway.recent import RecentErrors
+from dispatcher.gateway.relaying import Relay, StartRelay
 from dispatcher.gateway.reload import ReloadRecord, write_reload
 from dispatcher.gateway.report import placement_of
 from dispatcher.gateway.statusfile import ServeStatus, write_status
@@ -82,6 +83,7 @@ class Gateway:
         environ: Mapping[str, str],
         config_path: Path | None,
         clock: Clock | None = None,
+        relay: StartRelay | None = None,
     ) -> None:
         self.settings = settings
         self.state_dir = Path(state_dir)
@@ -96,6 +98,8 @@ class Gateway:
         self._pipe_r, self._pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._started_at = self.clock.time()
         self._runtime: Runtime | None = None
+        self._start_relay = relay
+        self._relay: Relay | None = None
         self._cron: CronScheduler | None = None
         self._cron_waker: CronWaker | None = None
         self._notify: Notifications | None = None
@@ -194,6 +198,8 @@ class Gateway:
                 log.warning("no wake socket (%s); new cards wait for the next board poll", err)
             self.start()
             started = True
+            if self._start_relay is not None:
+                self._relay = self._start_relay(self.state_dir)
             status = self._loop(wake)
         except DispatchError as err:
             status = start_failure(err)
@@ -206,6 +212,8 @@ class Gateway:
             log.exception("gateway failed; asking the supervisor for a restart (exit 75)")
             status = EXIT_RESTART
         finally:
+            if self._relay is not None:
+                self._relay.close()  # answers the commands it has started
             self.shutdown()
             if wake is not None:
                 wake.close()
@@ -571,6 +579,7 @@ class Gateway:
                     recent_errors=list(self.errors.items),
                     host_zone=host_zone_name(self.environ),
                     keepers=counts["keepers"],
+                    relay=None if self._relay is None else self._relay.stats(),
                 ),
             )
         except OSError as err:

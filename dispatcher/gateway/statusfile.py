@@ -36,6 +36,9 @@ class ServeStatus:
     keepers: dict[str, Any] | None = None
     """The keeper fork server: pid, running, keepers forked, fallbacks by reason, restarts
     (None when serve runs without one)."""
+    relay: dict[str, Any] | None = None
+    """The short-write relay (:mod:`dispatcher.cli.relay_server`): commands answered, and
+    declined by reason (None when serve has no relay socket)."""
 
 
 def write_status(state_dir: Path, status: ServeStatus) -> None:
