@@ -276,3 +276,40 @@ def test_keepers_come_from_serves_fork_server_counted_in_status_and_metrics(
     assert serve.stop() == 0
     # The fork server ends with serve.
     wait_for(lambda: not os.path.exists(f"/proc/{keepers['pid']}"), 5, what="fork server gone")
+
+
+def test_short_writes_are_answered_by_serve_counted_in_status_and_metrics(serve: Serve) -> None:
+    """Issue 26: with serve running, `kanban add` is answered by it (the first one, with no
+    config snapshot yet, runs on its own and leaves one), and the counts reach status and
+    /metrics; the cards are exactly the ones added."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dispatcher.config import load_config
+    from dispatcher.web.metrics import metrics_registry
+    from dispatcher.web.source import Source
+
+    serve.start()
+    added = [serve.dispatch("kanban", "add", f"c{n}", "--assignee", "quick") for n in range(3)]
+    assert all(done.stdout.startswith("c_") and done.stderr == "" for done in added)
+    serve.dispatch("reload")  # the status file is refreshed with the reload's verdict
+    relay = json.loads(serve.dispatch("status", "--json").stdout)["serve"]["relay"]
+    assert relay["answered"] >= 2 and sum(relay["declined"].values()) <= 1, relay
+    assert f"relay:      {relay['answered']} short write commands answered by serve" in (
+        serve.dispatch("status").stdout
+    )
+    listed = json.loads(serve.dispatch("kanban", "list", "--json").stdout)
+    assert sorted(card["title"] for card in listed) == ["c0", "c1", "c2"]
+    source = Source(load_config(serve.config).settings, serve.state, serve.env())
+    try:
+        text = generate_latest(metrics_registry(source)).decode()
+    finally:
+        source.close()
+    answered = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "dispatch_relay_answered_total"
+    ]
+    assert answered == [relay["answered"]]
+    assert serve.stop() == 0

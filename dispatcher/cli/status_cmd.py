@@ -95,6 +95,8 @@ def _human(ctx: Context, doc: dict[str, Any], times: TimeView) -> None:
     ctx.out(f"placement:  {_placement_text(doc, ctx.config_problem is not None)}")
     if serve.get("keepers"):
         ctx.out(f"keepers:    {_keepers_text(serve['keepers'])}")
+    if serve.get("relay"):
+        ctx.out(f"relay:      {_relay_text(serve['relay'])}")
     kinds = ", ".join(f"{k} {n}" for k, n in doc["workers"]["by_kind"].items()) or "none"
     ctx.out(f"workers:    {doc['workers']['running']} running ({kinds})")
     cards = ", ".join(f"{k} {n}" for k, n in doc["cards"].items() if n) or "none"
@@ -129,6 +131,16 @@ def _keepers_text(keepers: dict[str, Any]) -> str:
         text += f"; started the usual way: {sum(fallbacks.values())} ({reasons})"
     if keepers.get("restarts"):
         text += f"; restarted {keepers['restarts']}x"
+    return text
+
+
+def _relay_text(relay: dict[str, Any]) -> str:
+    """Short write commands serve answered, and those it left to run on their own."""
+    text = f"{relay.get('answered', 0)} short write commands answered by serve"
+    declined = relay.get("declined") or {}
+    if declined:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(declined.items()))
+        text += f"; left to run on their own: {sum(declined.values())} ({reasons})"
     return text
 
 

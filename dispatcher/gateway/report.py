@@ -66,6 +66,7 @@ def status_document(
         if served is not None:
             serve["updated_at"] = served.updated_at
             serve["keepers"] = served.keepers
+            serve["relay"] = served.relay
         reload = read_reload(state_dir, holder.pid)
         serve["last_reload"] = reload.to_dict() if reload is not None else None
     placement = dict(served.placement) if served else _placement_here(runtime)

@@ -42,6 +42,11 @@ Families (``dispatch_`` prefix; counters end in ``_total``, times in ``_seconds`
 ``dispatch_keeper_fallbacks_total{reason}`` counter   keepers started the usual way instead
                                                       (``missing``, ``dead``, ``busy``,
                                                       ``timeout``, ``refused``, ``other``)
+``dispatch_relay_answered_total``           counter   short write commands (``kanban add``, the
+                                                      worker reports) the gateway answered
+``dispatch_relay_declined_total{reason}``   counter   short write commands it left to run on
+                                                      their own (``config``, ``command line``,
+                                                      ``state dir``, ``busy``, ...)
 ``dispatch_cluster_host_lease_live{host}``  gauge     cluster mode: 1 while the host's lease is
                                                       live (database clock)
 ``dispatch_cluster_host_epoch{host}``       gauge     cluster mode: the host's lease epoch
@@ -299,6 +304,7 @@ class DispatchCollector(Collector):
             "dispatch_serve_up", "1 while a gateway holds the state dir", source.gateway_running()
         )
         yield from _keepers(source.keepers())
+        yield from _relay(source.relay())
         report = source.doctor()
         yield GaugeMetricFamily(
             "dispatch_scope_probe_ok",
@@ -405,6 +411,24 @@ def _keepers(keepers: dict[str, Any] | None) -> Iterator[Metric]:
     for reason, count in sorted((found.get("fallbacks") or {}).items()):
         fallbacks.add_metric([str(reason)], int(count))
     yield fallbacks
+
+
+def _relay(relay: dict[str, Any] | None) -> Iterator[Metric]:
+    """The gateway's short-write relay: commands answered, and declined by reason."""
+    found = relay or {}
+    yield CounterMetricFamily(
+        "dispatch_relay_answered",
+        "Short write commands (kanban add and the worker reports) the gateway answered",
+        int(found.get("answered") or 0),
+    )
+    declined = CounterMetricFamily(
+        "dispatch_relay_declined",
+        "Short write commands the gateway left to run on their own",
+        labels=["reason"],
+    )
+    for reason, count in sorted((found.get("declined") or {}).items()):
+        declined.add_metric([str(reason)], int(count))
+    yield declined
 
 
 def metrics_registry(source: Source) -> CollectorRegistry:

@@ -35,6 +35,7 @@ from scope.abc import CallerKind
 
 if TYPE_CHECKING:
     from dispatcher.cluster.hosts import HostRow
+    from dispatcher.gateway.statusfile import ServeStatus
 
 
 DOCTOR_TTL = 30.0
@@ -106,13 +107,23 @@ class Source:
 
     def keepers(self) -> dict[str, Any] | None:
         """The running gateway's keeper fork server figures (its status file), or None."""
+        status = self._served()
+        return None if status is None else status.keepers
+
+    def relay(self) -> dict[str, Any] | None:
+        """The running gateway's short-write relay figures (its status file), or None."""
+        status = self._served()
+        return None if status is None else status.relay
+
+    def _served(self) -> ServeStatus | None:
+        """The running gateway's status file, or None (no gateway, or not its file)."""
         from dispatcher.gateway.statusfile import read_status
 
         holder = read_holder(self.state_dir)
         status = read_status(self.state_dir) if holder else None
         if status is None or holder is None or status.pid != holder.pid:
             return None
-        return status.keepers
+        return status
 
     def refresh(self) -> None:
         """Reconcile finished runs when no gateway does (``kanban list`` does the same)."""
