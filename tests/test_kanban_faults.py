@@ -5,6 +5,7 @@ claim and recorded spawn (DISPATCH_KANBAN_FAULT), then a fresh tick. Afterwards 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -24,11 +25,18 @@ from scope.abc import CallerKind
 from tests.support.systemd import SystemdManager
 from tests.support.wait import wait_for
 
-WORKER = [sys.executable, "-c", "import time; time.sleep(0.8)"]
+# Each start appends its card id to <home>/starts: the direct record of how often a card ran.
+WORKER = [
+    sys.executable,
+    "-c",
+    "import os, time; e = os.environ; f = os.open(e['DISPATCH_STATE_DIR'] + '/../starts',"
+    " os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600); os.write(f, e['DISPATCH_CARD_ID'].encode()"
+    " + b'\\n'); time.sleep(0.8)",
+]
 
 
 def config_text() -> str:
-    argv = ", ".join(f'"{a}"' for a in WORKER)
+    argv = ", ".join(json.dumps(a) for a in WORKER)
     # degrade_without_scope: a test runner inside a systemd service must still start workers.
     return (
         f"kanban:\n  degrade_without_scope: true\n  assignees:\n    w:\n      command: [{argv}]\n"
@@ -109,14 +117,23 @@ def check_invariants(home: Path, card_ids: list[str], env: dict[str, str]) -> No
 
 
 def worker_sessions(home: Path, env: dict[str, str]) -> dict[str, int]:
-    """How many registry sessions each card's workers had (by the spawn's card label)."""
+    """How many registry sessions started a worker, by the spawn's card label (a draft whose
+    keeper was turned back at its record gate started nothing and is not counted)."""
     settings = load_config(home / "config.yaml").settings
     runtime = open_runtime(settings, home / "state", env, caller_kind=CallerKind.CLI)
     try:
         sessions = runtime.registry.list_sessions(include_finished=True)
-        return dict(collections.Counter(s.labels.get("card_id", "") for s in sessions))
+        started = [s for s in sessions if s.worker_pid is not None]
+        return dict(collections.Counter(s.labels.get("card_id", "") for s in started))
     finally:
         runtime.close()
+
+
+def worker_starts(home: Path) -> dict[str, int]:
+    """How many times each card's worker actually started (its own record)."""
+    starts = home / "starts"
+    lines = starts.read_text().split() if starts.exists() else []
+    return dict(collections.Counter(lines))
 
 
 def board(home: Path, env: dict[str, str]) -> dict[str, dict[str, object]]:
@@ -168,7 +185,9 @@ def crash_and_recover(home: Path, step: str, env: dict[str, str]) -> tuple[set[s
         # been only claimed then, and is reclaimed (never counted).
         assert ["completed"] in outcomes, outcomes
     assert all(o in (["completed"], ["reclaimed", "completed"]) for o in outcomes), outcomes
-    # Whatever was reclaimed, no card's worker was started twice: one session a card.
+    # Whatever was reclaimed, no card's worker was started twice: one start and one session
+    # that started a worker a card.
+    assert worker_starts(home) == dict.fromkeys(card_ids, 1)
     assert worker_sessions(home, env) == dict.fromkeys(card_ids, 1)
     for card_id in card_ids:
         assert live_workers(card_id) == []

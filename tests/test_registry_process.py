@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from registry.abc import Owner, Session, SessionState, WaitOutcome
@@ -310,6 +312,31 @@ def test_launcher_killed_worker_finishes_fresh_registry_adopts(tmp_path: Path) -
             launcher.kill()
             launcher.wait()
         stop_all(state)
+
+
+def test_a_launcher_killed_before_recording_its_keeper_starts_no_worker(tmp_path: Path) -> None:
+    """Killed once the keeper is launched (past its scope gate) but before its pid is stored,
+    the launcher leaves a draft row, and the keeper exits at its record gate: nothing runs
+    behind a row that a restarted dispatcher reads as "never started" (and may start again)."""
+    state = tmp_path / "state"
+    ran = tmp_path / "ran"
+    argv = [sys.executable, "-c", f"open({str(ran)!r}, 'w').close()"]
+    launcher, info = start_launcher(state, argv, die_before_record=True)
+    assert launcher.wait(timeout=10) == -signal.SIGKILL
+    keeper = psutil.Process(info["keeper_pid"])
+
+    def keeper_gone() -> bool:
+        try:
+            return keeper.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(keeper_gone, 10, what="the keeper turned back at its record gate")
+    assert not ran.exists()
+    with open_registry(state, follow=False) as registry:
+        draft = registry.get(info["id"])
+        assert draft.keeper_pid is None and draft.worker_pid is None
+        assert session_pids(info["id"]) == []
 
 
 def test_timeout_holds_after_the_launcher_died(tmp_path: Path) -> None:

@@ -185,6 +185,15 @@ LAUNCHER = textwrap.dedent(
     else:
         from scope.fake import FakeScoper
         scoper = FakeScoper(probe_ok=False)
+    if spec.get("die_before_record"):
+        import signal
+        from registry.lifecycle.spawn import Spawner
+        launch = Spawner._launch
+        def launch_and_die(self, request, sdir, argv, fds):
+            launched = launch(self, request, sdir, argv, fds)
+            print(json.dumps({{"id": sdir.path.name, "keeper_pid": launched.pid}}), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        Spawner._launch = launch_and_die
     db = StateDB.in_dir(spec["state_dir"], [COMPONENT])
     registry = ProcessRegistry(state_dir=spec["state_dir"], db=db, scoper=scoper,
                                settings=RegistrySettings(kill_grace=0.5), follow=True,

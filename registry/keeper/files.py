@@ -363,6 +363,7 @@ def keeper_spec(
     kill_grace: float,
     drain_time: float,
     ready_fd: int | None,
+    record_fd: int | None = None,
     pty_size: tuple[int, int] = (24, 80),
 ) -> dict[str, Any]:
     """The spec document the keeper reads (see :mod:`registry.keeper.program`)."""
@@ -381,6 +382,7 @@ def keeper_spec(
         "kill_grace": kill_grace,
         "drain_time": drain_time,
         "ready_fd": ready_fd,
+        "record_fd": record_fd,
     }
 
 

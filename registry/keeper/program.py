@@ -7,8 +7,11 @@ whoever launched it. What it does, in order:
 1. reads its spec and opens the stdin FIFO (nothing is changed by that), then honours the
    scope gate (``DISPATCH_SCOPE_GATE_FD``: read one byte; ``b"1"`` = go, anything else or EOF
    = exit at once, before touching anything);
-2. ``setsid``; ignores SIGPIPE, SIGXFSZ and (until its handler is up) SIGHUP, so neither the
-   launcher going away nor a full disk can kill it, and clears the signal mask it inherited;
+2. ``setsid``; waits on the record gate (``record_fd`` in the spec: ``b"1"`` once the
+   launcher stored the keeper's pid in the session's row; EOF = the launcher ended first: exit
+   at once, as at the scope gate); ignores SIGPIPE, SIGXFSZ and (until its handler is up)
+   SIGHUP, so neither the launcher going away nor a full disk can kill it, and clears the
+   signal mask it inherited;
 3. starts the worker in its own process group (pipe mode) or on a new PTY (PTY mode, where
    the worker leads its own session), with every signal at its default disposition and an
    empty signal mask (as systemd starts a service); a worker that cannot start yields an exit
@@ -487,6 +490,7 @@ class Keeper:
         self.fifo_path = f"{self.dir}/stdin"
         self.session = str(spec.get("session", ""))
         self.ready_fd: int | None = spec.get("ready_fd")
+        self.record_fd: int | None = spec.get("record_fd")
         # Counters of worker output.
         self.total = 0
         self.stored = 0
@@ -552,6 +556,24 @@ class Keeper:
         # A launcher that blocks signals passes its mask on through exec: unblock, or SIGCHLD
         # and the stop signals would never reach the handlers above.
         _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+
+    def recorded(self) -> bool:
+        """The record gate: True once the launcher stored who this keeper is; False (EOF:
+        the launcher ended first) means exit without starting anything. A worker never runs
+        behind a draft row that a restarted dispatcher would take for "nothing started"."""
+        fd = self.record_fd
+        if fd is None:
+            return True
+        self.record_fd = None
+        try:
+            byte = posix.read(fd, 1)
+        except OSError:
+            byte = b""
+        try:
+            posix.close(fd)  # the worker must not inherit it
+        except OSError:
+            pass
+        return byte == b"1"
 
     def open_stdin(self) -> None:
         """The stdin FIFO's keeper handle (read and write: the worker never sees EOF, and
@@ -1515,6 +1537,8 @@ def main(argv: list[str]) -> int:
     if early is not None:
         raise early
     assert keeper is not None
+    if not keeper.recorded():
+        return 0
     keeper.prepare()
     keeper.fork_worker()
     keeper.open_log()  # while the worker execs

@@ -47,10 +47,12 @@ def late_placement(session_id: str, info: KeeperInfo) -> Placed | None:
     """The placement of a keeper whose launcher died before recording it, read from the
     keeper's cgroup; None unless it runs in a scope made for this session.
 
-    The launcher stores its row as a draft (in process, no unit), opens the keeper's gate and
-    only then records where the keeper was placed. Killed in between, it leaves a worker running
-    in its scope on a row that says otherwise, so a kill would skip the unit's cgroup-empty
-    confirmation. The keeper's identity is checked first: a reused pid's cgroup says nothing.
+    Launchers before the record gate stored the row as a draft (in process, no unit), opened
+    the keeper's gate and only then recorded where the keeper was placed. Killed in between,
+    they left a worker running in its scope on a row that says otherwise (today's keepers wait
+    for the record; a state dir carried over an upgrade may still hold such a worker), so a kill
+    would skip the unit's cgroup-empty confirmation. The keeper's identity is checked first: a
+    reused pid's cgroup says nothing.
     """
     if info.keeper_start is None:
         return None

@@ -2,13 +2,16 @@
 
 The order matters for restart safety: the session directory and its spec are written, then
 the row is stored (a draft with no keeper yet), then the keeper is launched (gated: it waits
-until the scope layer placed it), then its placement is recorded and, once the keeper says
-the worker started (or could not), the session is followed or settled. A launch that raises
-leaves nothing behind.
+until the scope layer placed it), then its placement and pid are recorded, and only then does
+the keeper's record gate open: a worker never runs behind a draft row, so a claim whose row has
+no keeper can be reclaimed without starting a card twice. Once the keeper says the worker
+started (or could not), the session is followed or settled. A launch that raises leaves nothing
+behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -101,12 +104,17 @@ class Spawner:
             )
 
     def _start(self, request: SpawnRequest, argv: list[str], draft: Session) -> _Start:
-        """Write the directory and the row, launch the keeper, wait for its start signal."""
+        """Write the directory and the row, launch the keeper, record it, open its record
+        gate, wait for its start signal."""
         parts = self.parts
         sdir = SessionDir.of(parts.state_dir, draft.id)
         ready_r, ready_w = os.pipe()
+        # The record gate: the keeper starts no worker before its pid is in the row. Killed
+        # between the scope gate and the record, this process leaves a draft whose keeper
+        # exits on EOF, so "no keeper recorded" always means "nothing runs".
+        record_r, record_w = os.pipe()
         try:
-            self._create_dir(request, argv, draft, sdir, ready_w)
+            self._create_dir(request, argv, draft, sdir, (ready_w, record_r))
             parts.store.insert(
                 draft,
                 dir=str(sdir.path),
@@ -115,13 +123,14 @@ class Spawner:
                 heartbeat_liveness=request.heartbeat_liveness,
             )
             try:
-                launched = self._launch(request, sdir, argv, ready_w)
+                launched = self._launch(request, sdir, argv, (ready_w, record_r))
             except BaseException:
                 parts.store.delete([draft.id])
                 sdir.remove()
                 raise
-            os.close(ready_w)
-            ready_w = -1
+            for fd in (ready_w, record_r):
+                os.close(fd)
+            ready_w = record_r = -1
             keeper = _keeper_identity(launched)
             parts.store.update(
                 draft.id,
@@ -136,14 +145,15 @@ class Spawner:
                     else ResourceClass.of(launched.resources, launched.ineffective),
                 ),
             )
+            _open_record_gate(record_w)
             if launched.process is not None:
                 with parts.tracking.lock:
                     parts.tracking.children[draft.id] = launched.process
             started, info = await_ready(ready_r, self.options.ready_timeout)
         finally:
-            os.close(ready_r)
-            if ready_w >= 0:
-                os.close(ready_w)
+            for fd in (ready_r, ready_w, record_r, record_w):
+                if fd >= 0:
+                    os.close(fd)
         return _Start(
             session_id=draft.id,
             sdir=sdir,
@@ -182,7 +192,7 @@ class Spawner:
         argv: list[str],
         draft: Session,
         sdir: SessionDir,
-        ready_w: int,
+        fds: tuple[int, int],
     ) -> None:
         """The session directory with the keeper's spec (removed again on failure)."""
         settings = self.parts.settings
@@ -201,7 +211,8 @@ class Spawner:
             timeout=request.timeout,
             kill_grace=settings.kill_grace,
             drain_time=settings.drain_time,
-            ready_fd=ready_w,
+            ready_fd=fds[0],
+            record_fd=fds[1],
         )
         try:
             sdir.create(spec)  # checks the sessions directory first
@@ -214,7 +225,7 @@ class Spawner:
             ) from None
 
     def _launch(
-        self, request: SpawnRequest, sdir: SessionDir, argv: list[str], ready_w: int
+        self, request: SpawnRequest, sdir: SessionDir, argv: list[str], fds: tuple[int, int]
     ) -> Launched:
         err_fd = os.open(
             sdir.keeper_err, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600
@@ -229,7 +240,7 @@ class Spawner:
                     cwd=str(sdir.path),
                     unit_parts=(*request.unit_parts, sdir.path.name),
                     description=f"dispatch {request.owner}: {os.path.basename(argv[0])}",
-                    pass_fds=(ready_w,),
+                    pass_fds=fds,  # the ready pipe's write end, the record gate's read end
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=err_fd,
@@ -279,6 +290,13 @@ class Spawner:
             self.reconciler.follow(stored, process, fresh=True)
             return stored.session  # the follower notices its end from here on
         return self.reconciler.refresh(stored).session
+
+
+def _open_record_gate(fd: int) -> None:
+    """Let the keeper start its worker (its pid is stored). A keeper already gone leaves the
+    pipe without a reader: nothing to tell it, and its start signal will not come either."""
+    with contextlib.suppress(OSError):
+        os.write(fd, b"1")
 
 
 def _keeper_identity(launched: Launched) -> Identity | None:
