@@ -26,6 +26,14 @@ the runs write and read their caches in a scratch ``PYTHONPYCACHEPREFIX``, whate
 ``PYTHONDONTWRITEBYTECODE`` says (with it set and no cache, every start would compile every
 module of ours, some 40 ms here), and the untimed first round fills it.
 
+With ``dispatch serve`` running on a state dir, the short writes on it are answered by the
+gateway over its relay (:mod:`dispatcher.app.relay`): the rows marked "(wheel install, serve
+answering)" run the wheel's commands against a state dir the wheel's own ``dispatch serve``
+serves (its board paused, so it starts nothing while they are timed). Those are the rows the
+short writes' target is judged on when they run; the standalone wheel rows (no gateway) are
+judged too, and stay above it: a fresh interpreter that imports the store and the config
+cannot start in 3x ``python -c pass``.
+
 ``DISPATCH_BENCH_BEFORE=DIR`` (a source tree of an older commit, e.g. ``git archive``d) adds
 a "(before)" row for each ``dispatch`` command: the same command run from that tree, in the
 same interleaved rounds, on a state dir of its own.
@@ -34,6 +42,7 @@ same interleaved rounds, on a state dir of its own.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +58,7 @@ from tests.benchmarks.common import (
     percentile,
     ratio,
 )
+from tests.support.wait import wait_for
 
 NAME = "cli_startup"
 DESCRIPTION = (
@@ -72,14 +82,20 @@ CONFIG = "kanban:\n  assignees:\n    w:\n      command: [sh, -c, ':']\n"
 HOST = "bench-host"
 
 
-# Claims cards through the board store of the tree it runs in (its cwd), one per input line.
+# Claims cards through the board store of the tree it runs in (its cwd), one per input line;
+# with a second argument on a paused board too (the served side's gateway must start nothing,
+# yet its reports need running cards: this helper alone claims past the pause).
 CLAIMER = """
 import sys, time
 from pathlib import Path
 from dispatcher.app.database import open_state
+from dispatcher.kanban import store as board
 from dispatcher.kanban.model import Limits, NewCard
 from dispatcher.kanban.store import SqliteBoardStore
 from dispatcher.launch.claimant import Claimant
+if len(sys.argv) > 2:
+    refusal = board.rules.claim_refusal
+    board.rules.claim_refusal = lambda card, *, paused, **rest: refusal(card, paused=False, **rest)
 db = open_state(Path(sys.argv[1]))
 store, me, limits = SqliteBoardStore(db), Claimant.current(), Limits(max_in_progress=10**9)
 for _ in sys.stdin:
@@ -96,9 +112,16 @@ class Claims:
     the source tree ``cwd`` (a helper process in it: an older tree refuses a database that
     newer code has migrated)."""
 
-    def __init__(self, state_dir: Path, cwd: Path | None, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        cwd: Path | None,
+        python: str = sys.executable,
+        *,
+        past_pause: bool = False,
+    ) -> None:
         self._helper = subprocess.Popen(
-            [python, "-c", CLAIMER, str(state_dir)],
+            [python, "-c", CLAIMER, str(state_dir), *(["past-pause"] if past_pause else [])],
             cwd=cwd or REPO_ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -147,11 +170,11 @@ def _side(
     """The ``dispatch`` commands of one source tree (``cwd``; None: this one) or installed
     venv (``python``, run outside any tree), on a state dir of their own."""
     state = scratch / f"state{label}"
-    claims = Claims(state, cwd, python)
+    claims = Claims(state, cwd, python, past_pause=label == SERVED)
     fixed = {"DISPATCH_STATE_DIR": str(state)}
     # Installed: the console script users run (``-m`` would add runpy's imports, 3.5 ms).
     script = Path(python).with_name("dispatch")
-    cli = [str(script)] if label == WHEEL else [python, "-m", "dispatcher.cli.main"]
+    cli = [str(script)] if label in (WHEEL, SERVED) else [python, "-m", "dispatcher.cli.main"]
     commands: dict[str, Sequence[str] | Callable[[], Launch]] = {
         VERSION + label: lambda: Launch(argv=[*cli, "--version"], env=fixed, cwd=cwd),
         ADD + label: lambda: Launch(
@@ -199,9 +222,10 @@ def _row(figure: str, samples: list[float], baseline: float | None, *, judged: b
     """A timed row; ``judged``: its target applies (the rows of what users install)."""
     value = median(samples) * 1000
     factor = ratio(value, baseline)
-    target = TARGETS.get(figure.removesuffix(WHEEL)) if judged else None
+    target = TARGETS.get(figure.removesuffix(WHEEL).removesuffix(SERVED)) if judged else None
     note = f"n={len(samples)}, p90={percentile(samples, 90) * 1000:.1f} ms"
-    if not figure.endswith(WHEEL) and figure.startswith("dispatch") and judged is False:
+    installed = figure.endswith((WHEEL, SERVED))
+    if not installed and figure.startswith("dispatch") and judged is False:
         note += "; development install (its editable hooks slow python -c pass too)"
     return Row(
         figure=figure,
@@ -217,6 +241,50 @@ def _row(figure: str, samples: list[float], baseline: float | None, *, judged: b
 
 WHEEL = " (wheel install)"
 """The label of the rows run from a venv with the wheel, the rows the targets apply to."""
+
+SERVED = " (wheel install, serve answering)"
+"""The label of the wheel's rows on a state dir its ``dispatch serve`` serves (relayed)."""
+
+
+class Served:
+    """The wheel's ``dispatch serve`` on ``state``, its board paused, once its relay listens."""
+
+    def __init__(self, python: str, state: Path, env: dict[str, str]) -> None:
+        from dispatcher.app.relay import relay_address
+
+        script = str(Path(python).with_name("dispatch"))
+        self.env = {**env, "DISPATCH_STATE_DIR": str(state)}
+        subprocess.run(
+            [script, "kanban", "pause"], env=self.env, capture_output=True, check=True, timeout=60
+        )
+        self.process = subprocess.Popen(
+            [script, "serve"], env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        address = relay_address(os.path.realpath(state))
+        try:
+            wait_for(lambda: self._listening(address), 30, what="dispatch serve's relay")
+        except BaseException:
+            self.close()
+            raise
+
+    def _listening(self, address: bytes) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"dispatch serve exited with {self.process.returncode}")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(address)
+            except OSError:
+                return False
+        return True
+
+    def close(self) -> None:
+        """Stop the gateway (SIGTERM, then SIGKILL after 30 s)."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 def run(quick: bool) -> list[Row]:
@@ -238,7 +306,7 @@ def run(quick: bool) -> list[Row]:
         ):
             env.pop(name, None)
         python, why_not = _wheel_venv(scratch)
-        clis, opened = _sides(scratch, python)
+        clis, opened = _sides(scratch, python, env)
         try:
             problems = {figure: _cli_problem(_launch(make), env) for figure, make in clis.items()}
             commands: dict[str, Sequence[str] | Callable[[], Launch]] = {
@@ -256,15 +324,17 @@ def run(quick: bool) -> list[Row]:
 
 
 def _sides(
-    scratch: Path, python: str | None
-) -> tuple[dict[str, Sequence[str] | Callable[[], Launch]], list[Claims]]:
-    """The commands of this tree, of the wheel's venv (when there is one) and of an older
-    tree (``DISPATCH_BENCH_BEFORE``), with the claim helpers to close."""
+    scratch: Path, python: str | None, env: dict[str, str]
+) -> tuple[dict[str, Sequence[str] | Callable[[], Launch]], list[Claims | Served]]:
+    """The commands of this tree, of the wheel's venv (when there is one: standalone, and
+    answered by its ``dispatch serve``) and of an older tree (``DISPATCH_BENCH_BEFORE``), with
+    the claim helpers and the gateway to close (the gateway first: it ends before its state)."""
     clis, claims = _side(scratch, "", None)
-    opened = [claims]
+    opened: list[Claims | Served] = [claims]
     sides: list[tuple[str, Path | None, str]] = []
     if python:
-        sides.append((WHEEL, scratch, python))
+        opened.insert(0, Served(python, scratch / f"state{SERVED}", env))
+        sides += [(WHEEL, scratch, python), (SERVED, scratch, python)]
     before = os.environ.get("DISPATCH_BENCH_BEFORE")
     if before:
         sides.append((" (before)", Path(before).resolve(), sys.executable))
@@ -295,7 +365,7 @@ def _rows(
         rows.append(Row(figure="python -c pass" + WHEEL, value=None, unit="ms", note=why_not))
     for figure in clis:
         problem = problems[figure]
-        wheel = figure.endswith(WHEEL)
+        wheel = figure.endswith((WHEEL, SERVED))
         if problem is None:
             base = installed_ms if wheel else bare
             rows.append(_row(figure, samples[figure], base, judged=wheel or not installed))
