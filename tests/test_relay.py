@@ -226,6 +226,19 @@ def test_a_changed_config_is_declined_and_the_command_reads_it(
     assert gateway.stats()["answered"] == 1
 
 
+def test_a_time_zone_of_its_own_is_declined_and_read_by_the_command(
+    board: Board, gateway: RelayServer
+) -> None:
+    zone = "Asia/Kathmandu" if os.environ.get("TZ") != "Asia/Kathmandu" else "America/St_Johns"
+    card, run = claimed(board)
+    worker = {"DISPATCH_CARD_ID": card, "DISPATCH_RUN_ID": run, "DISPATCH_HOST_ID": "h"}
+    done = board.run("kanban", "defer", "--until", "2099-01-02T03:04", extra={**worker, "TZ": zone})
+    assert done.returncode == 0, done.stderr
+    assert gateway.stats() == {"answered": 0, "declined": {"time zone": 1}}
+    offset = "+05:45" if zone == "Asia/Kathmandu" else "-03:30"
+    assert done.stdout == f"{card} deferred until 2099-01-02T03:04:00{offset}\n"
+
+
 def test_another_state_dir_never_reaches_this_gateway(
     board: Board, gateway: RelayServer, tmp_path: Path
 ) -> None:

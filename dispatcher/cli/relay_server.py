@@ -14,7 +14,9 @@ the command then runs itself:
 - a path given as ``~user/...``; other paths are made absolute with the command's working
   directory and ``HOME`` first;
 - another state dir, cluster mode, or a config without a current snapshot (its warnings and
-  errors are the command's to print; the command then leaves a snapshot for the next one).
+  errors are the command's to print; the command then leaves a snapshot for the next one);
+- a ``TZ`` other than the gateway's (the handler reads and prints local times in its
+  process's zone).
 
 One thread accepts; each request runs on a thread of its own, at most :data:`MAX_ACTIVE` at
 once (beyond that the gateway declines at once: the command is never kept waiting for it).
@@ -161,6 +163,10 @@ class RelayServer:
             raise Declined("body file")
         if ENV_URL in environ:
             raise Declined("cluster")
+        if environ.get("TZ") != os.environ.get("TZ"):
+            # Times are read (--until) and printed (--json, "deferred until") in the local
+            # zone of the process that runs the handler: here, the gateway's.
+            raise Declined("time zone")
         _absolute_paths(args, environ, cwd)
         if _fire_defer(args, environ):
             raise Declined("cron defer")
