@@ -13,7 +13,7 @@ import pytest
 from registry.abc import SessionState
 from registry.process import ProcessRegistry
 from scope import open_scoper
-from scope.abc import Placement, Policy, Scoper
+from scope.abc import BackendKind, Placement, Policy, Scoper
 from scope.settings import ScopeSettings
 from tests.support.keepers import over_both_start_paths  # noqa: F401 - autouse, parametrized
 from tests.support.systemd import SystemdManager
@@ -55,6 +55,24 @@ def test_scoped_session_runs_in_its_own_scope(
     assert done.session.exit_code == 3
     assert session.unit in done.output
     wait_for(lambda: systemd_manager.unit_pids(session.unit or "") == [], 10, what="scope gone")
+
+
+def test_a_session_placed_by_systemd_run_runs_and_is_recorded(
+    tmp_path: Path, systemd_manager: SystemdManager
+) -> None:
+    """systemd-run execs the keeper in its scope with the descriptors it inherited: the ready
+    pipe and the record gate reach it, so the worker starts and the row knows who runs."""
+    settings = ScopeSettings(backend=BackendKind.SYSTEMD_RUN)
+    scoper = open_scoper(settings, Policy(), environ=systemd_manager.env)
+    try:
+        with open_registry(tmp_path / "state", scoper) as registry:
+            session = registry.spawn(request(["sh", "-c", "echo ran; exit 4"]))
+            assert session.placement is Placement.SCOPED and session.keeper_pid
+            done = registry.wait(session.id, timeout=15).snapshot
+            assert done.session.exit_code == 4 and done.output == "ran\n"
+            assert done.session.worker_pid is not None
+    finally:
+        scoper.close()
 
 
 @pytest.mark.parametrize(
