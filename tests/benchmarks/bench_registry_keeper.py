@@ -34,7 +34,9 @@ DESCRIPTION = (
 )
 
 
-def _spec(directory: Path, argv: list[str], ready_fd: int | None = None) -> Path:
+def _spec(
+    directory: Path, argv: list[str], ready_fd: int | None = None, record_fd: int | None = None
+) -> Path:
     directory.mkdir(mode=0o700, exist_ok=True)
     spec = {
         "session": "s_000000000000",
@@ -48,6 +50,7 @@ def _spec(directory: Path, argv: list[str], ready_fd: int | None = None) -> Path
         "kill_grace": 1.0,
         "drain_time": 1.0,
         "ready_fd": ready_fd,
+        "record_fd": record_fd,
     }
     path = directory / "spec.json"
     path.write_text(json.dumps(spec))
@@ -76,21 +79,24 @@ def _time_to_ready(
     """Seconds until the keeper reports its worker running, and the keeper's RSS and PSS then
     (started as the registry starts it: behind a gate, through ``server`` when given)."""
     read_end, write_end = os.pipe()
+    # The record gate, opened at once: the registry opens it after one row update.
+    record_r, record_w = os.pipe()
     err = os.open(os.devnull, os.O_WRONLY)
-    spec = _spec(root / f"ready{index}", ["sleep", "30"], ready_fd=write_end)
+    spec = _spec(root / f"ready{index}", ["sleep", "30"], ready_fd=write_end, record_fd=record_r)
     launch = LaunchSpec(
         argv=[*command, str(spec)],
         env={"PATH": os.defpath, "LC_ALL": "C.UTF-8"},
         cwd=str(spec.parent),
-        pass_fds=(write_end,),
+        pass_fds=(write_end, record_r),
         stderr=err,
         gated=True,
         starter=server,
     )
     started = time.perf_counter()
     keeper = start_released(launch)
-    os.close(write_end)
-    os.close(err)
+    os.write(record_w, b"1")
+    for fd in (write_end, err, record_r, record_w):
+        os.close(fd)
     pidfd = os.pidfd_open(keeper.pid)
     try:
         if os.read(read_end, 1) != b"1":
