@@ -312,4 +312,11 @@ def test_short_writes_are_answered_by_serve_counted_in_status_and_metrics(serve:
         if sample.name == "dispatch_relay_answered_total"
     ]
     assert answered == [relay["answered"]]
+    declined = {
+        sample.labels["reason"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "dispatch_relay_declined_total"
+    }
+    assert declined == relay["declined"]
     assert serve.stop() == 0

@@ -403,14 +403,11 @@ def _keepers(keepers: dict[str, Any] | None) -> Iterator[Metric]:
         "Keepers the gateway's fork server started",
         int(found.get("forked") or 0),
     )
-    fallbacks = CounterMetricFamily(
+    yield _by_reason(
         "dispatch_keeper_fallbacks",
         "Keepers started the usual way although the gateway has a fork server",
-        labels=["reason"],
+        found.get("fallbacks"),
     )
-    for reason, count in sorted((found.get("fallbacks") or {}).items()):
-        fallbacks.add_metric([str(reason)], int(count))
-    yield fallbacks
 
 
 def _relay(relay: dict[str, Any] | None) -> Iterator[Metric]:
@@ -421,14 +418,19 @@ def _relay(relay: dict[str, Any] | None) -> Iterator[Metric]:
         "Short write commands (kanban add and the worker reports) the gateway answered",
         int(found.get("answered") or 0),
     )
-    declined = CounterMetricFamily(
+    yield _by_reason(
         "dispatch_relay_declined",
         "Short write commands the gateway left to run on their own",
-        labels=["reason"],
+        found.get("declined"),
     )
-    for reason, count in sorted((found.get("declined") or {}).items()):
-        declined.add_metric([str(reason)], int(count))
-    yield declined
+
+
+def _by_reason(name: str, documentation: str, counts: dict[str, int] | None) -> Metric:
+    """A counter labelled ``reason``, one sample per reason of ``counts`` (a status file's)."""
+    family = CounterMetricFamily(name, documentation, labels=["reason"])
+    for reason, count in sorted((counts or {}).items()):
+        family.add_metric([str(reason)], int(count))
+    return family
 
 
 def metrics_registry(source: Source) -> CollectorRegistry:

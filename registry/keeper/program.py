@@ -565,15 +565,7 @@ class Keeper:
         if fd is None:
             return True
         self.record_fd = None
-        try:
-            byte = posix.read(fd, 1)
-        except OSError:
-            byte = b""
-        try:
-            posix.close(fd)  # the worker must not inherit it
-        except OSError:
-            pass
-        return byte == b"1"
+        return _go(fd)  # closed there: the worker must not inherit it
 
     def open_stdin(self) -> None:
         """The stdin FIFO's keeper handle (read and write: the worker never sees EOF, and
@@ -1495,10 +1487,16 @@ def _gate() -> bool:
         fd = int(value)
     except ValueError:
         return False
+    return _go(fd)
+
+
+def _go(fd: int) -> bool:
+    """One byte from a gate's pipe, which is then closed: True for ``b"1"``; False for
+    anything else, EOF or an error."""
     try:
         byte = posix.read(fd, 1)
     except OSError:
-        return False
+        byte = b""
     try:
         posix.close(fd)
     except OSError:
